@@ -1,0 +1,58 @@
+"""What guards decide (DESIGN §2): plain frozen records with the rule that fired and its evidence.
+
+- :class:`Remind` inserts a reminder after the tool results of a step (``after`` = message index
+  of the step's last tool result); ``delivery`` is ``"user"`` (a new user message) or
+  ``"tool_suffix"`` (appended to that tool result).
+- :class:`Withhold` replaces the content of the tool result at message index ``position``.
+- :class:`Stop` (response side) ends the agent's turn.
+
+``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
+logged, counted and written to the incident log (older ones are re-derived re-injections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+Delivery = Literal["user", "tool_suffix"]
+
+
+@dataclass(frozen=True, slots=True)
+class Remind:
+    after: int
+    text: str
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    fresh: bool
+    delivery: Delivery = "user"
+    kind: ClassVar[str] = "remind"
+
+
+@dataclass(frozen=True, slots=True)
+class Withhold:
+    position: int
+    call_id: str | None
+    text: str
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    fresh: bool
+    kind: ClassVar[str] = "withhold"
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    text: str
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    fresh: bool = True
+    kind: ClassVar[str] = "stop"
+
+
+Action = Remind | Withhold | Stop

@@ -1,0 +1,67 @@
+"""Canonical call key (DESIGN §5): ``(tool name, canonical arguments)``.
+
+Canonical arguments: parse the arguments JSON string (an empty or absent string means ``{}``;
+arguments sent as a JSON object instead of a string are used as they are); invalid JSON stays the
+raw string and is compared as a string. Top-level keys listed in the guard's ``ignore_args`` are
+dropped. The result is serialized with keys sorted recursively, compact separators, non-ASCII kept
+as is, and floats with integral values written as integers (``1.0 == 1``, as JavaScript's
+``JSON.stringify`` does below 1e21; ``-0.0`` becomes ``0``). Arrays keep their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import orjson
+
+#: Marker for arguments that are not valid JSON; the raw string is then the canonical form.
+INVALID: Any = type("InvalidArguments", (), {"__repr__": lambda self: "INVALID"})()
+
+
+def parse_arguments(raw: Any) -> Any:
+    """Parse a call's ``arguments`` value.
+
+    ``raw`` is what the wire carried: a JSON string, ``""``/``None`` (no parameters), or an
+    already-decoded object. Returns the decoded value, or :data:`INVALID` when ``raw`` is a string
+    that is not JSON. Never raises.
+    """
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return INVALID
+    return raw
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e21:
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        return {k: _normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalize(v) for v in value]
+    return value
+
+
+def canonical_arguments(parsed: Any, raw: Any, ignore_args: Collection[str] = ()) -> str:
+    """Canonical string of one call's arguments.
+
+    ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
+    string, or the raw string itself when the arguments are not valid JSON. Never raises: a value
+    orjson cannot encode (an integer beyond 64 bits, say) falls back to the raw text.
+    """
+    if parsed is INVALID:
+        return raw if isinstance(raw, str) else str(raw)
+    if ignore_args and isinstance(parsed, dict):
+        parsed = {k: v for k, v in parsed.items() if k not in ignore_args}
+    try:
+        return orjson.dumps(_normalize(parsed), option=orjson.OPT_SORT_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return raw if isinstance(raw, str) else repr(raw)

@@ -1,0 +1,197 @@
+"""Configuration: one YAML file parsed once into frozen dataclasses (DESIGN §8).
+
+Every key is optional; unknown keys, wrong types and out-of-range values raise
+:class:`proxy.errors.ConfigError` naming the dotted key path (``guards.repeat_reminder.thresholds``).
+The defaults here are the ones documented in ``config/loopguard.yaml``. Precedence for the listen
+address and upstream: command-line flags, then ``LOOPGUARD_*`` environment variables, then the file,
+then these defaults (see :mod:`proxy.cli`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+from proxy.errors import ConfigError
+
+DEFAULT_IGNORE_ARGS = ("description", "explanation", "reason", "thought", "purpose")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    host: str = "127.0.0.1"
+    port: int = 4000
+
+    def check(self, path: str) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"{path}.port", "must be between 0 and 65535")
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """``url``: base URL as in ``OPENAI_BASE_URL``. Timeouts in seconds (``read_timeout_s: null`` =
+    no read timeout, for long generations). ``max_body_mb``: largest request body accepted, MiB."""
+
+    url: str = "http://127.0.0.1:8080/v1"
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float | None = None
+    max_body_mb: int = 64
+
+    def check(self, path: str) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{path}.url", f"must be an http(s) URL, got {self.url!r}")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError(f"{path}.connect_timeout_s", "must be > 0")
+        if self.read_timeout_s is not None and self.read_timeout_s <= 0:
+            raise ConfigError(f"{path}.read_timeout_s", "must be > 0 or null")
+        if self.max_body_mb < 1:
+            raise ConfigError(f"{path}.max_body_mb", "must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ConversationKeyConfig:
+    """Request headers tried in order for the conversation key (DESIGN §4), case-insensitive."""
+
+    headers: tuple[str, ...] = ("x-session-id", "session_id", "conversation_id")
+
+
+@dataclass(frozen=True)
+class RepeatReminderConfig:
+    """Advisory reminders on consecutive identical calls (DESIGN §6.1)."""
+
+    enabled: bool = True
+    thresholds: tuple[int, ...] = (3, 5, 8)
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+    arguments_preview_chars: int = 500
+    inject_as: Literal["user", "tool_suffix"] = "user"
+
+    def check(self, path: str) -> None:
+        key = f"{path}.thresholds"
+        if not self.thresholds:
+            raise ConfigError(key, "must not be empty")
+        if any(t < 2 for t in self.thresholds):
+            raise ConfigError(key, "every threshold must be an integer >= 2")
+        if len(set(self.thresholds)) != len(self.thresholds):
+            raise ConfigError(key, "thresholds must not repeat")
+        if self.arguments_preview_chars < 1:
+            raise ConfigError(f"{path}.arguments_preview_chars", "must be an integer >= 1")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "thresholds", tuple(sorted(self.thresholds)))
+
+
+@dataclass(frozen=True)
+class GuardsConfig:
+    repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    conversation_key: ConversationKeyConfig = field(default_factory=ConversationKeyConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
+    #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
+    admin_token: str | None = None
+
+
+# --- building dataclasses from plain data -------------------------------------------------------
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(c) for c in typing.get_args(tp))
+            raise ConfigError(key, f"must be one of {choices}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, key)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {type(value).__name__}")
+        (inner, _) = typing.get_args(tp)
+        return tuple(_coerce(inner, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
+        kt, vt = typing.get_args(tp)
+        return {_coerce(kt, k, key): _coerce(vt, v, f"{key}.{k}") for k, v in value.items()}
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ConfigError(key, f"must be {_TYPE_NAMES.get(tp, tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def build(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping (None = all defaults), validating every key.
+
+    Raises :class:`ConfigError` naming ``path.key`` for unknown keys, wrong types, and whatever the
+    class's own ``check(path)`` rejects.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path or "<root>", f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise ConfigError(f"{path}.{k}" if path else str(k), "unknown key")
+    kwargs = {k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(path)
+    return obj
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate a YAML config file; ``None`` gives the defaults.
+
+    Raises :class:`ConfigError` (key ``<file>`` when the file cannot be read or is not YAML).
+    """
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {path}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from e
+    return build(Config, data)
+
+
+def to_plain(cfg: Any) -> Any:
+    """The effective config as plain data (tuples as lists), for ``check-config`` and stats."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_plain(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_plain(v) for k, v in cfg.items()}
+    return cfg

@@ -1,0 +1,55 @@
+"""Conversation key (DESIGN §4): which conversation a request belongs to.
+
+Decisions never need it (they are a pure function of the history); stats, narration timing and
+incident records do. Order: the first configured header present (default ``x-session-id``,
+``session_id``, ``conversation_id``), else the body's ``prompt_cache_key``, else a fingerprint:
+``fp-`` + the first 16 hex digits of SHA-256 over the first system/developer message, the first
+user message and the id of the first tool call. The same conversation keeps its key as it grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+
+def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") in roles:
+            return m.get("content")
+    return None
+
+
+def _first_call_id(messages: list[Any]) -> Any:
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("tool_calls"), list):
+            for tc in m["tool_calls"]:
+                if isinstance(tc, dict):
+                    return tc.get("id")
+    return None
+
+
+def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequence[str]) -> str:
+    """Key of the conversation a request belongs to (a header value, ``prompt_cache_key``, or
+    ``fp-<16 hex>``). ``headers`` must be case-insensitive (aiohttp's are)."""
+    for name in header_names:
+        value = headers.get(name)
+        if value:
+            return value
+    if isinstance(body, dict):
+        pck = body.get("prompt_cache_key")
+        if isinstance(pck, str) and pck:
+            return pck
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            parts = [
+                _first(messages, ("system", "developer")),
+                _first(messages, ("user",)),
+                _first_call_id(messages),
+            ]
+            digest = hashlib.sha256(orjson.dumps(parts, default=str)).hexdigest()
+            return f"fp-{digest[:16]}"
+    return "unknown"

@@ -1,0 +1,174 @@
+"""OpenAI Chat Completions dialect (``POST /v1/chat/completions``).
+
+Reads: ``tool_calls`` on assistant messages (``arguments`` as a JSON string or as an object),
+``tool`` messages matched to their call by ``tool_call_id`` (first pending call with that id, so an
+id reused in a later step still pairs correctly; a tool message without an id answers the oldest
+pending call of the latest step), content as a string or an array of text parts, and the legacy
+``function_call`` / ``function`` role pair. Orphan tool messages are ignored.
+
+Writes (:func:`apply`): withheld results get their content replaced by the denial text (an array of
+parts becomes that string); reminders become one ``user`` message per step inserted right after the
+step's last tool result, or are appended to that result (``tool_suffix``). Several reminders for
+one step are merged into one message, texts joined by a blank line, in action order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.actions import Action, Remind, Withhold
+from proxy.canonical import parse_arguments
+from proxy.errors import DialectError
+from proxy.transcript import Step, ToolCall, ToolResult, Transcript
+
+PATH_SUFFIX = "/chat/completions"
+
+
+def content_text(content: Any) -> str:
+    """Text of a message ``content``: a string as is, the ``text`` of each part of an array joined
+    by newlines, ``""`` for null or anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def parse_request(body: Any) -> Transcript:
+    """Build the transcript of a decoded request body.
+
+    Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
+    message is not an object.
+    """
+    if not isinstance(body, dict):
+        raise DialectError("body is not a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise DialectError("messages is not a list")
+
+    calls: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    users: list[int] = []
+    texts: list[int] = []
+    pending: dict[str | None, deque[int]] = defaultdict(deque)
+    turn = 0
+    last_kind = ""
+
+    for pos, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise DialectError(f"message {pos} is not an object")
+        role = msg.get("role")
+        if role == "user":
+            turn += 1
+            users.append(pos)
+            last_kind = "user"
+        elif role == "assistant":
+            if content_text(msg.get("content")).strip():
+                texts.append(pos)
+            wire_calls = msg.get("tool_calls")
+            entries: list[tuple[str | None, Any, Any]] = []
+            if isinstance(wire_calls, list):
+                for tc in wire_calls:
+                    if not isinstance(tc, dict):
+                        continue
+                    fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+                    cid = tc.get("id")
+                    entries.append(
+                        (cid if isinstance(cid, str) else None, fn.get("name"), fn.get("arguments"))
+                    )
+            fc = msg.get("function_call")
+            if not entries and isinstance(fc, dict):
+                entries.append((None, fc.get("name"), fc.get("arguments")))
+            if entries:
+                step = {"index": len(steps), "position": pos, "calls": [], "end": None}
+                steps.append(step)
+                for cid, name, raw in entries:
+                    seq = len(calls)
+                    calls.append(
+                        {
+                            "seq": seq,
+                            "step": step["index"],
+                            "turn": turn,
+                            "position": pos,
+                            "call_id": cid,
+                            "name": name if isinstance(name, str) else "",
+                            "arguments_raw": raw,
+                            "arguments": parse_arguments(raw),
+                            "result": None,
+                        }
+                    )
+                    step["calls"].append(seq)
+                    pending[cid].append(seq)
+                last_kind = "step"
+            else:
+                last_kind = "assistant"
+        elif role in ("tool", "function"):
+            cid = msg.get("tool_call_id") if role == "tool" else None
+            queue = pending.get(cid if isinstance(cid, str) else None)
+            seq = None
+            if queue:
+                seq = queue.popleft()
+            elif steps and (cid is None or role == "function"):
+                # No id: answer the oldest call of the latest step still waiting for a result.
+                for s in steps[-1]["calls"]:
+                    if calls[s]["result"] is None:
+                        seq = s
+                        pending[calls[s]["call_id"]].remove(s)
+                        break
+            if seq is not None:
+                calls[seq]["result"] = ToolResult(pos, content_text(msg.get("content")))
+                step = steps[calls[seq]["step"]]
+                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+            if last_kind != "step":
+                last_kind = "other"
+        else:
+            last_kind = "other"
+
+    newest = steps[-1]["index"] if steps and last_kind == "step" else None
+    return Transcript(
+        calls=tuple(ToolCall(**c) for c in calls),
+        steps=tuple(Step(s["index"], s["position"], tuple(s["calls"]), s["end"]) for s in steps),
+        user_positions=tuple(users),
+        assistant_text_positions=tuple(texts),
+        message_count=len(messages),
+        newest_step=newest,
+    )
+
+
+def _append_text(content: Any, text: str) -> Any:
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": text}]
+    if isinstance(content, str) and content:
+        return f"{content}\n\n{text}"
+    return text
+
+
+def apply(body: dict[str, Any], actions: Sequence[Action]) -> bool:
+    """Apply request-side actions to ``body`` in place. Returns True when anything changed.
+
+    Withholds are applied first (so a ``tool_suffix`` reminder is appended to the denial text),
+    then reminders, inserted from the highest position down so earlier positions stay valid.
+    Actions whose position does not exist are ignored.
+    """
+    messages = body["messages"]
+    changed = False
+    for a in actions:
+        if isinstance(a, Withhold) and 0 <= a.position < len(messages):
+            messages[a.position]["content"] = a.text
+            changed = True
+    grouped: dict[int, list[Remind]] = {}
+    for a in actions:
+        if isinstance(a, Remind) and 0 <= a.after < len(messages):
+            grouped.setdefault(a.after, []).append(a)
+    for after in sorted(grouped, reverse=True):
+        group = grouped[after]
+        text = "\n\n".join(r.text for r in group)
+        if group[0].delivery == "tool_suffix":
+            msg = messages[after]
+            msg["content"] = _append_text(msg.get("content"), text)
+        else:
+            messages.insert(after + 1, {"role": "user", "content": text})
+        changed = True
+    return changed

@@ -1,0 +1,44 @@
+"""Guards: pure functions from a transcript (plus a context) to actions, in one ordered registry.
+
+Every guard has one signature, ``guard(transcript, ctx) -> list[Action]``, and a ``name``. The
+order of :func:`build_guards` is the order their actions are applied (and merged, for reminders on
+the same step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from proxy.actions import Action
+from proxy.config import GuardsConfig
+from proxy.guards.repeat_reminder import RepeatReminder
+from proxy.transcript import Transcript
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a guard may know besides the transcript: the conversation key (DESIGN §4) and the
+    current time in ms since the epoch (for time-based rules)."""
+
+    conversation: str = ""
+    now_ms: int = 0
+
+
+Guard = Callable[[Transcript, Context], list[Action]]
+
+
+def build_guards(cfg: GuardsConfig) -> tuple[Guard, ...]:
+    """The enabled guards, in order: repeat_reminder."""
+    registry: list[tuple[bool, Callable[[], Guard]]] = [
+        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder)),
+    ]
+    return tuple(make() for enabled, make in registry if enabled)
+
+
+def evaluate(transcript: Transcript, guards: Sequence[Guard], ctx: Context) -> list[Action]:
+    """Run every guard over ``transcript``; their actions concatenated in registry order."""
+    actions: list[Action] = []
+    for guard in guards:
+        actions.extend(guard(transcript, ctx))
+    return actions

@@ -1,0 +1,76 @@
+"""Stats for ``GET /loop-guard`` and the one-line-per-request structured log (DESIGN §7).
+
+Never records message content or credentials: only counts, rule names, tool names, timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from proxy.actions import Action
+
+
+def configure_logging(level: str = "info") -> None:
+    """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def action_summary(a: Action) -> dict[str, Any]:
+    """The loggable evidence of an action: rule, kind, tool, count, limit (no texts)."""
+    return {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
+
+
+@dataclass
+class Stats:
+    """Process-wide counters (reset on restart). Only *fresh* actions are counted."""
+
+    started: float = field(default_factory=time.monotonic)
+    requests: int = 0
+    guarded_requests: int = 0
+    rewritten_requests: int = 0
+    reminders_injected: int = 0
+    results_withheld: int = 0
+    internal_errors: int = 0
+    upstream_errors: int = 0
+    per_rule: Counter[str] = field(default_factory=Counter)
+
+    def record_actions(self, actions: Iterable[Action]) -> None:
+        for a in actions:
+            if not a.fresh:
+                continue
+            self.per_rule[a.rule] += 1
+            if a.kind == "remind":
+                self.reminders_injected += 1
+            elif a.kind == "withhold":
+                self.results_withheld += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "requests": self.requests,
+            "guarded_requests": self.guarded_requests,
+            "rewritten_requests": self.rewritten_requests,
+            "reminders_injected": self.reminders_injected,
+            "results_withheld": self.results_withheld,
+            "internal_errors": self.internal_errors,
+            "upstream_errors": self.upstream_errors,
+            "per_rule": dict(sorted(self.per_rule.items())),
+        }

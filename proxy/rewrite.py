@@ -1,0 +1,64 @@
+"""The request side as one pure function: body bytes in, bytes to send upstream plus actions out.
+
+No sockets here; the server calls :func:`decide_request` and forwards ``decision.body``. A body that
+is not JSON, or JSON the dialect cannot read, comes back unchanged with no actions. Any other
+exception is a bug and propagates; the server then forwards the original bytes (fail open).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.actions import Action
+from proxy.conversation import conversation_key
+from proxy.dialects import openai_chat
+from proxy.errors import DialectError
+from proxy.guards import Context, Guard, evaluate
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDecision:
+    """``body``: bytes for the upstream (the original object when nothing changed).
+    ``actions``: every action derived (fresh and re-derived). ``conversation``: DESIGN §4 key
+    (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log."""
+
+    body: bytes
+    actions: tuple[Action, ...]
+    changed: bool
+    conversation: str = ""
+    model: str | None = None
+    stream: bool | None = None
+
+
+def decide_request(
+    raw: bytes,
+    headers: Mapping[str, str],
+    guards: Sequence[Guard],
+    header_names: Sequence[str],
+    now_ms: int = 0,
+) -> RequestDecision:
+    """Parse a chat-completions request body, run the guards, apply their actions.
+
+    Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
+    """
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return RequestDecision(raw, (), False)
+    if not isinstance(body, dict):
+        return RequestDecision(raw, (), False)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    key = conversation_key(headers, body, header_names)
+    try:
+        transcript = openai_chat.parse_request(body)
+    except DialectError:
+        return RequestDecision(raw, (), False, key, model, stream)
+    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms)))
+    if not actions or not openai_chat.apply(body, actions):
+        return RequestDecision(raw, actions, False, key, model, stream)
+    return RequestDecision(orjson.dumps(body), actions, True, key, model, stream)

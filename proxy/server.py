@@ -1,0 +1,226 @@
+"""HTTP edge (aiohttp): routes, app lifecycle, forwarding and relay.
+
+Routes: ``GET /loop-guard`` (stats JSON), ``GET /loop-guard/healthz``; every other path and method
+is forwarded to the upstream (:mod:`proxy.forward`). ``POST …/chat/completions`` bodies go through
+the guards first (:func:`proxy.rewrite.decide_request`).
+
+Behaviour at the edge:
+- The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
+  chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded.
+- Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
+  at once, so a local model server stops generating.
+- Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
+  stream gets a final ``data: {"error": …}`` event and the connection is closed without the
+  terminating chunk, so the agent sees an error, never a silent success.
+- Fail open: any exception inside the guards is logged (no content) and counted, and the original
+  bytes are forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+from proxy import forward
+from proxy.config import Config
+from proxy.dialects.openai_chat import PATH_SUFFIX
+from proxy.guards import Guard, build_guards
+from proxy.observe import Stats, action_summary
+from proxy.rewrite import RequestDecision, decide_request
+
+CONFIG_KEY = web.AppKey("config", Config)
+STATS_KEY = web.AppKey("stats", Stats)
+GUARDS_KEY = web.AppKey("guards", tuple)
+SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
+
+log = structlog.get_logger("loopguard")
+
+
+def _error_body(message: str, type_: str, code: int) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
+
+
+def _check_admin(request: web.Request) -> None:
+    token = request.app[CONFIG_KEY].admin_token
+    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+        raise web.HTTPUnauthorized(
+            body=_error_body("missing or wrong admin token", "unauthorized", 401),
+            content_type="application/json",
+        )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    _check_admin(request)
+    return web.json_response({"status": "ok"}, dumps=lambda o: orjson.dumps(o).decode())
+
+
+async def stats(request: web.Request) -> web.Response:
+    _check_admin(request)
+    return web.json_response(request.app[STATS_KEY].snapshot(), dumps=lambda o: orjson.dumps(o).decode())
+
+
+def _guarded(request: web.Request) -> bool:
+    return request.method == "POST" and request.path.endswith(PATH_SUFFIX)
+
+
+def _decide(request: web.Request, raw: bytes) -> RequestDecision:
+    app = request.app
+    guards: tuple[Guard, ...] = app[GUARDS_KEY]
+    try:
+        return decide_request(
+            raw,
+            request.headers,
+            guards,
+            app[CONFIG_KEY].conversation_key.headers,
+            now_ms=int(time.time() * 1000),
+        )
+    except Exception as exc:  # fail open: the guards must never break the agent
+        app[STATS_KEY].internal_errors += 1
+        log.error("guard_error", error=type(exc).__name__, path=request.path)
+        return RequestDecision(raw, (), False)
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    cfg = app[CONFIG_KEY]
+    st = app[STATS_KEY]
+    st.requests += 1
+    raw = await request.read()
+    t_start = time.perf_counter()
+
+    decision = RequestDecision(raw, (), False)
+    if _guarded(request) and "content-encoding" not in request.headers:
+        st.guarded_requests += 1
+        decision = _decide(request, raw)
+        if decision.changed:
+            st.rewritten_requests += 1
+        st.record_actions(decision.actions)
+
+    url = forward.upstream_url(cfg.upstream.url, request.raw_path)
+    headers = forward.filter_headers(request.headers.items(), drop=("host", "content-length"))
+    fields = {
+        "method": request.method,
+        "path": request.path,
+        "conversation": decision.conversation or None,
+        "model": decision.model,
+        "stream": decision.stream,
+        "rewritten": decision.changed,
+        "actions": [action_summary(a) for a in decision.actions if a.fresh],
+    }
+    t_send = time.perf_counter()
+    added_ms = round((t_send - t_start) * 1000, 3)
+    session = app[SESSION_KEY]
+    try:
+        upstream = await session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=decision.body if decision.body or request.can_read_body else None,
+            allow_redirects=False,
+            skip_auto_headers=forward.SKIP_AUTO_HEADERS,
+        )
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        st.upstream_errors += 1
+        log.warning("request", **fields, status=502, upstream_error=type(exc).__name__, added_ms=added_ms)
+        return web.Response(
+            status=502,
+            body=_error_body(
+                f"loopguard: upstream {forward.redact_url(cfg.upstream.url)} unreachable"
+                f" ({type(exc).__name__})",
+                "upstream_unreachable",
+                502,
+            ),
+            content_type="application/json",
+        )
+
+    upstream_ms = round((time.perf_counter() - t_send) * 1000, 3)
+    try:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        response.headers.extend(forward.filter_headers(upstream.headers.items()))
+        await response.prepare(request)
+        is_sse = upstream.content_type == "text/event-stream"
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            st.upstream_errors += 1
+            log.warning(
+                "request",
+                **fields,
+                status=upstream.status,
+                upstream_error=type(exc).__name__,
+                upstream_ms=upstream_ms,
+                added_ms=added_ms,
+            )
+            if is_sse:
+                with contextlib.suppress(Exception):
+                    await response.write(
+                        b"data: "
+                        + _error_body(
+                            "loopguard: upstream closed the stream before it finished",
+                            "upstream_disconnected",
+                            502,
+                        )
+                        + b"\n\n"
+                    )
+            # Close without the terminating chunk: the agent must not mistake this for success.
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+    finally:
+        upstream.close()
+    log.info("request", **fields, status=upstream.status, upstream_ms=upstream_ms, added_ms=added_ms)
+    return response
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    up = app[CONFIG_KEY].upstream
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=up.connect_timeout_s, sock_read=up.read_timeout_s
+    )
+    app[SESSION_KEY] = aiohttp.ClientSession(
+        timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+    )
+    yield
+    await app[SESSION_KEY].close()
+
+
+def create_app(cfg: Config) -> web.Application:
+    """The proxy application for ``cfg`` (no sockets opened until it is run)."""
+    app = web.Application(client_max_size=cfg.upstream.max_body_mb * 1024 * 1024)
+    app[CONFIG_KEY] = cfg
+    app[STATS_KEY] = Stats()
+    app[GUARDS_KEY] = build_guards(cfg.guards)
+    app.cleanup_ctx.append(_client_session)
+    app.router.add_get("/loop-guard", stats)
+    app.router.add_get("/loop-guard/healthz", healthz)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    return app
+
+
+async def start(cfg: Config) -> tuple[web.AppRunner, int]:
+    """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
+    (useful with port 0). Stop with ``await runner.cleanup()``."""
+    runner = web.AppRunner(create_app(cfg), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, port
+
+
+async def serve_forever(cfg: Config) -> None:
+    runner, port = await start(cfg)
+    log.info("listening", host=cfg.listen.host, port=port, upstream=forward.redact_url(cfg.upstream.url))
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,81 @@
+"""Dialect-neutral view of a conversation: its tool calls, their results, steps and turns.
+
+Positions are indexes into the request's message list (0-based). A *step* is one assistant message
+with tool calls plus their results; a *turn* is the run of messages after a user message (turn 0 is
+everything before the first user message). Built by a dialect (``proxy.dialects``), read by guards.
+Plain frozen data: no I/O, no methods that mutate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The result of one tool call.
+
+    ``position``: message index of the tool message. ``text``: its content as text (a string, the
+    text parts of an array joined by newlines, ``""`` for null). ``is_error``: the protocol's error
+    flag where the dialect has one, else None.
+    """
+
+    position: int
+    text: str
+    is_error: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call, in conversation order.
+
+    ``seq``: 0-based order among all calls of the conversation. ``step``: index into
+    :attr:`Transcript.steps`. ``turn``: number of user messages before the call. ``position``:
+    message index of the assistant message that made it. ``arguments_raw``: the wire value (usually a
+    JSON string); ``arguments``: its decoded form or ``proxy.canonical.INVALID``.
+    """
+
+    seq: int
+    step: int
+    turn: int
+    position: int
+    call_id: str | None
+    name: str
+    arguments_raw: Any
+    arguments: Any
+    result: ToolResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One assistant message with tool calls and their results.
+
+    ``calls``: the ``seq`` numbers of its calls, in listed order. ``end``: position of the last of its
+    tool results (the place a reminder goes after), or None when no result has arrived yet.
+    """
+
+    index: int
+    position: int
+    calls: tuple[int, ...]
+    end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """Everything the guards read about one request.
+
+    ``newest_step``: index of the step this request answers (the last step, when nothing but its
+    tool results follows it), else None. Actions on that step are *fresh* (DESIGN §2).
+    """
+
+    calls: tuple[ToolCall, ...]
+    steps: tuple[Step, ...]
+    user_positions: tuple[int, ...]
+    assistant_text_positions: tuple[int, ...]
+    message_count: int
+    newest_step: int | None
+
+    def is_fresh(self, step: int) -> bool:
+        """True when actions on ``step`` are new decisions rather than re-derived ones."""
+        return self.newest_step is not None and step == self.newest_step
