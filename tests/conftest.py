@@ -1,0 +1,62 @@
+"""Shared fixtures: a fake upstream on a real port and the real loopguard server in front of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from proxy.config import Config, ListenConfig, build
+from proxy.server import start
+from tests.fakes import FakeUpstream, Recorded, looping_handler
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    """A fake model server; records requests; answers with ``fake.handler`` (a looping model by
+    default)."""
+    fake = FakeUpstream(handler=looping_handler)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        fake.requests.append(Recorded(request.method, request.raw_path, dict(request.headers), body))
+        assert fake.handler is not None
+        return await fake.handler(request, body)
+
+    app = web.Application(client_max_size=128 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    yield fake
+    await runner.cleanup()
+
+
+ProxyFactory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
+    """``await make_proxy(config_dict=None, upstream_url=None)`` starts the real loopguard server
+    (same code path as ``loopguard serve``) and returns its base URL (``http://127.0.0.1:PORT``)."""
+    runners: list[web.AppRunner] = []
+
+    async def factory(config: dict[str, Any] | None = None, upstream_url: str | None = None) -> str:
+        cfg = build(Config, config or {})
+        cfg = dataclasses.replace(
+            cfg,
+            listen=ListenConfig(host="127.0.0.1", port=0),
+            upstream=dataclasses.replace(cfg.upstream, url=upstream_url or upstream.url),
+        )
+        runner, port = await start(cfg)
+        runners.append(runner)
+        return f"http://127.0.0.1:{port}"
+
+    yield factory
+    for r in runners:
+        await r.cleanup()

@@ -1,0 +1,125 @@
+"""Fake upstream model server and builders of realistic OpenAI chat-completion bodies for tests."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+Handler = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
+_ids = itertools.count(1)
+
+
+def tool_call(name: str, arguments: str | dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
+    """A wire tool call (``arguments`` as a JSON string unless a dict is given on purpose)."""
+    return {
+        "id": call_id or f"call_{next(_ids)}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def completion(
+    tool_calls: list[dict[str, Any]] | None = None, content: str | None = None, model: str = "fake-model"
+) -> dict[str, Any]:
+    """A non-streaming ``chat.completion`` object with one choice."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def sse_events(
+    tool_calls: list[dict[str, Any]] | None = None, content: str | None = None, model: str = "fake-model"
+) -> list[bytes]:
+    """The same answer as :func:`completion`, as a list of SSE events (``data: …\\n\\n``), ending
+    with ``data: [DONE]``. Tool calls arrive llama.cpp/OpenAI style: id and name first, then the
+    arguments in two fragments."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000, "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        obj = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": None if tool_calls else ""})]
+    if content:
+        for i in range(0, len(content), 8):
+            out.append(chunk({"content": content[i : i + 8]}))
+    for idx, tc in enumerate(tool_calls or []):
+        args = tc["function"]["arguments"]
+        args = args if isinstance(args, str) else orjson.dumps(args).decode()
+        half = len(args) // 2
+        out.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": idx,
+                            "id": tc["id"],
+                            "type": "function",
+                            "function": {"name": tc["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        for part in (args[:half], args[half:]):
+            out.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": part}}]}))
+    out.append(chunk({}, "tool_calls" if tool_calls else "stop"))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+@dataclass
+class Recorded:
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@dataclass
+class FakeUpstream:
+    """An aiohttp app on a real loopback port that records every request it gets.
+
+    ``handler`` answers; replace it per test. ``url`` is the base URL (``…/v1``)."""
+
+    url: str = ""
+    requests: list[Recorded] = field(default_factory=list)
+    handler: Handler | None = None
+
+
+async def looping_handler(request: web.Request, body: bytes) -> web.StreamResponse:
+    """Default fake model: always answers with the same ``read_file {"path": "app.py"}`` call,
+    streaming when the request asks for it."""
+    req = orjson.loads(body) if body else {}
+    n = sum(1 for m in req.get("messages", []) if m.get("role") == "assistant")
+    calls = [tool_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")]
+    if req.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in sse_events(calls):
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+    return web.json_response(completion(calls), dumps=lambda o: orjson.dumps(o).decode())
