@@ -274,6 +274,13 @@ def llama_server(
         str(n_threads),
         "--n_threads_batch",
         str(n_threads),
+        # mlock of the mmap'd weights fails (noisily) in containers with low RLIMIT_MEMLOCK.
+        "--use_mlock",
+        "False",
+        # Default True: a new request cancels a running stream, which makes
+        # concurrent test traffic nondeterministic. Requests queue instead.
+        "--interrupt_requests",
+        "False",
     ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
