@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+import json
+
 import orjson
 
 #: Marker for arguments that are not valid JSON; the raw string is then the canonical form.
@@ -54,14 +56,20 @@ def canonical_arguments(parsed: Any, raw: Any, ignore_args: Collection[str] = ()
     """Canonical string of one call's arguments.
 
     ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
-    string, or the raw string itself when the arguments are not valid JSON. Never raises: a value
-    orjson cannot encode (an integer beyond 64 bits, say) falls back to the raw text.
+    string, or the raw string itself when the arguments are not valid JSON. Never raises.
+    Integer literals beyond 64 bits are read as floats by orjson (so two such literals that differ
+    only past the 17th digit compare equal) and written with the stdlib encoder.
     """
     if parsed is INVALID:
         return raw if isinstance(raw, str) else str(raw)
     if ignore_args and isinstance(parsed, dict):
         parsed = {k: v for k, v in parsed.items() if k not in ignore_args}
+    value = _normalize(parsed)
     try:
-        return orjson.dumps(_normalize(parsed), option=orjson.OPT_SORT_KEYS).decode()
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     except (TypeError, orjson.JSONEncodeError):
+        pass
+    try:  # integers beyond 64 bits: the stdlib encoder has no size limit
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
         return raw if isinstance(raw, str) else repr(raw)

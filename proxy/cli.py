@@ -36,9 +36,11 @@ def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ("--host", args.host, listen, "host"),
         ("--port", args.port, listen, "port"),
     ]
+    origin: dict[str, str] = {}
     for name, value, target, key in sources:
         if value is None or value == "":
             continue
+        origin[f"{'listen' if target is listen else 'upstream'}.{key}"] = name
         if key == "port":
             try:
                 value = int(value)
@@ -52,7 +54,8 @@ def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             upstream=build(UpstreamConfig, upstream, "upstream"),
         )
     except ConfigError as e:
-        raise ConfigError(e.key, e.message) from None
+        # Name the flag or variable the bad value came from, not a file key the user never wrote.
+        raise ConfigError(origin.get(e.key, e.key), e.message) from None
 
 
 def _parser() -> argparse.ArgumentParser:
