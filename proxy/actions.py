@@ -3,7 +3,9 @@
 - :class:`Remind` inserts a reminder after the tool results of a step (``after`` = message index
   of the step's last tool result); ``delivery`` is ``"user"`` (a new user message) or
   ``"tool_suffix"`` (appended to that tool result).
-- :class:`Withhold` replaces the content of the tool result at message index ``position``.
+- :class:`Withhold` replaces the content of the tool result at message index ``position``;
+  ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
+  or ``"cap"``), for stats and the incident log.
 - :class:`Stop` (response side) ends the agent's turn.
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
@@ -41,6 +43,7 @@ class Withhold:
     count: int
     limit: int | None
     fresh: bool
+    reason: str = ""
     kind: ClassVar[str] = "withhold"
 
 

@@ -10,10 +10,9 @@ as is, and floats with integral values written as integers (``1.0 == 1``, as Jav
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Any
-
-import json
 
 import orjson
 

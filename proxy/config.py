@@ -10,6 +10,7 @@ then these defaults (see :mod:`proxy.cli`).
 from __future__ import annotations
 
 import dataclasses
+import string
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ import yaml
 from proxy.errors import ConfigError
 
 DEFAULT_IGNORE_ARGS = ("description", "explanation", "reason", "thought", "purpose")
+DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
+#: The placeholders a ``guards.circuit_breaker.deny_message`` template may use.
+DENY_PLACEHOLDERS = ("tool", "count", "limit", "kind")
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,66 @@ class RepeatReminderConfig:
 
 
 @dataclass(frozen=True)
+class CircuitBreakerConfig:
+    """Denial of windowed duplicate calls and a lifetime cap (DESIGN §6.2).
+
+    ``deny_message``: a template with ``{tool}``, ``{count}``, ``{limit}``, ``{kind}``; empty = the
+    built-in text for each kind (``proxy.guards.circuit_breaker``). ``incident_log``: JSONL file
+    path; empty = off.
+    """
+
+    enabled: bool = True
+    duplicate_limit: int = 6
+    window: int = 200
+    max_calls_per_agent: int = 300
+    exempt: tuple[str, ...] = DEFAULT_EXEMPT
+    only: tuple[str, ...] = ()
+    ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+    deny_message: str = ""
+    incident_log: str = ""
+
+    def check(self, path: str) -> None:
+        if self.duplicate_limit < 1:
+            raise ConfigError(f"{path}.duplicate_limit", "must be an integer >= 1")
+        if self.window < 1:
+            raise ConfigError(f"{path}.window", "must be an integer >= 1")
+        if self.window < self.duplicate_limit:
+            raise ConfigError(
+                f"{path}.window", f"must be >= duplicate_limit ({self.duplicate_limit}), got {self.window}"
+            )
+        if self.max_calls_per_agent < 0:
+            raise ConfigError(f"{path}.max_calls_per_agent", "must be an integer >= 0 (0 = no cap)")
+        _check_template(self.deny_message, DENY_PLACEHOLDERS, f"{path}.deny_message")
+
+
+def _check_template(text: str, names: tuple[str, ...], key: str) -> None:
+    """Reject a ``str.format`` template that uses anything but ``{name}`` for ``names`` (with an
+    optional conversion or format spec that renders for sample values)."""
+    allowed = ", ".join(f"{{{n}}}" for n in names)
+    fmt = string.Formatter()
+    fields: list[str] = []
+    try:
+        for _, name, spec, _ in fmt.parse(text):
+            if name is not None:
+                fields.append(name)
+            if spec:  # nested fields, as in {count:{width}}
+                fields.extend(n for _, n, _, _ in fmt.parse(spec) if n is not None)
+    except ValueError as e:
+        hint = "write {{ and }} for literal braces"
+        raise ConfigError(key, f"is not a valid template ({e}); {hint}") from None
+    for f in fields:
+        if f not in names:
+            raise ConfigError(key, f"unknown placeholder {{{f}}}; allowed: {allowed}")
+    try:
+        text.format(**{n: 1 if n in ("count", "limit") else n for n in names})
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        raise ConfigError(key, f"cannot be rendered: {e}") from None
+
+
+@dataclass(frozen=True)
 class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
+    circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multidict import CIMultiDict
 
@@ -66,3 +67,20 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """Split user info out of an upstream URL: ``http://u:p@h/v1`` → (``http://h/v1``, the Basic
+    ``Authorization`` value). The value is sent only when the agent sends no ``Authorization`` of
+    its own (aiohttp refuses both at once)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, None
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    auth = "Basic " + base64.b64encode(userinfo).decode("ascii")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), auth

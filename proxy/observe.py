@@ -8,14 +8,18 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from proxy.actions import Action
+from proxy.actions import Action, Withhold
+from proxy.incidents import Incident
+
+#: How many incidents ``GET /loop-guard`` shows (the newest ones).
+RECENT_INCIDENTS = 50
 
 
 def configure_logging(level: str = "info") -> None:
@@ -34,13 +38,20 @@ def configure_logging(level: str = "info") -> None:
 
 
 def action_summary(a: Action) -> dict[str, Any]:
-    """The loggable evidence of an action: rule, kind, tool, count, limit (no texts)."""
-    return {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
+    """The loggable evidence of an action: rule, kind, tool, count, limit, and the withhold
+    ``reason`` when it has one (no texts)."""
+    out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
+    if isinstance(a, Withhold) and a.reason:
+        out["reason"] = a.reason
+    return out
 
 
 @dataclass
 class Stats:
-    """Process-wide counters (reset on restart). Only *fresh* actions are counted."""
+    """Process-wide counters (reset on restart). Only *fresh* actions are counted.
+
+    ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
+    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.incidents`), oldest first."""
 
     started: float = field(default_factory=time.monotonic)
     requests: int = 0
@@ -51,6 +62,8 @@ class Stats:
     internal_errors: int = 0
     upstream_errors: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
+    withhold_kinds: Counter[str] = field(default_factory=Counter)
+    incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         for a in actions:
@@ -61,6 +74,11 @@ class Stats:
                 self.reminders_injected += 1
             elif a.kind == "withhold":
                 self.results_withheld += 1
+                if isinstance(a, Withhold) and a.reason:
+                    self.withhold_kinds[a.reason] += 1
+
+    def record_incidents(self, incidents: Iterable[Incident]) -> None:
+        self.incidents.extend(incidents)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -73,4 +91,6 @@ class Stats:
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
             "per_rule": dict(sorted(self.per_rule.items())),
+            "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
+            "incidents": [i.as_dict() for i in self.incidents],
         }

@@ -14,6 +14,8 @@ Behaviour at the edge:
   terminating chunk, so the agent sees an error, never a silent success.
 - Fail open: any exception inside the guards is logged (no content) and counted, and the original
   bytes are forwarded.
+- Circuit-breaker incidents of a request are recorded right after its decision
+  (:mod:`proxy.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
 """
 
 from __future__ import annotations
@@ -22,16 +24,19 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy import forward
 from proxy.config import Config
 from proxy.dialects.openai_chat import PATH_SUFFIX
 from proxy.guards import Guard, build_guards
+from proxy.incidents import IncidentLog
 from proxy.observe import Stats, action_summary
 from proxy.rewrite import RequestDecision, decide_request
 
@@ -39,6 +44,9 @@ CONFIG_KEY = web.AppKey("config", Config)
 STATS_KEY = web.AppKey("stats", Stats)
 GUARDS_KEY = web.AppKey("guards", tuple)
 SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
+#: (upstream base URL without user info, ``Authorization`` value built from that user info or None)
+UPSTREAM_KEY = web.AppKey("upstream", tuple)
+INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
 
 log = structlog.get_logger("loopguard")
 
@@ -51,7 +59,7 @@ def _check_admin(request: web.Request) -> None:
     token = request.app[CONFIG_KEY].admin_token
     if token and request.headers.get("Authorization", "") != f"Bearer {token}":
         raise web.HTTPUnauthorized(
-            body=_error_body("missing or wrong admin token", "unauthorized", 401),
+            text=_error_body("missing or wrong admin token", "unauthorized", 401).decode(),
             content_type="application/json",
         )
 
@@ -87,9 +95,22 @@ def _decide(request: web.Request, raw: bytes) -> RequestDecision:
         return RequestDecision(raw, (), False)
 
 
+def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
+    """Circuit-breaker incidents (DESIGN §6.2): the fresh first-of-kind denials of this request go
+    to the stats and the incident log (written in the background). Fails open like the guards."""
+    try:
+        incidents = app[INCIDENTS_KEY].record(
+            decision.actions, decision.conversation, now_ms=int(time.time() * 1000)
+        )
+    except Exception as exc:
+        app[STATS_KEY].internal_errors += 1
+        log.error("incident_error", error=type(exc).__name__)
+        return
+    app[STATS_KEY].record_incidents(incidents)
+
+
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
-    cfg = app[CONFIG_KEY]
     st = app[STATS_KEY]
     st.requests += 1
     raw = await request.read()
@@ -102,8 +123,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if decision.changed:
             st.rewritten_requests += 1
         st.record_actions(decision.actions)
+        if decision.actions:
+            _record_incidents(app, decision)
 
-    url = forward.upstream_url(cfg.upstream.url, request.raw_path)
+    url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
     headers = forward.filter_headers(request.headers.items(), drop=("host", "content-length"))
     fields = {
         "method": request.method,
@@ -115,51 +138,65 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         "actions": [action_summary(a) for a in decision.actions if a.fresh],
     }
     t_send = time.perf_counter()
-    added_ms = round((t_send - t_start) * 1000, 3)
-    session = app[SESSION_KEY]
+    fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     try:
-        upstream = await session.request(
+        return await _forward(request, url, headers, decision.body, fields, t_send)
+    except asyncio.CancelledError:
+        fields["disconnected"] = True  # the agent went away; the upstream request is closed
+        raise
+    finally:
+        failed = "upstream_error" in fields or "disconnected" in fields
+        (log.warning if failed else log.info)("request", **fields)
+
+
+async def _forward(
+    request: web.Request,
+    url: str,
+    headers: CIMultiDict[str],
+    body: bytes,
+    fields: dict[str, Any],
+    t_send: float,
+) -> web.StreamResponse:
+    """Send the request upstream and relay the response; fills ``fields`` for the log line."""
+    app = request.app
+    st = app[STATS_KEY]
+    base, auth = app[UPSTREAM_KEY]
+    if auth and "authorization" not in headers:
+        headers["Authorization"] = auth
+    try:
+        upstream = await app[SESSION_KEY].request(
             request.method,
             url,
             headers=headers,
-            data=decision.body if decision.body or request.can_read_body else None,
+            data=body if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
         )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         st.upstream_errors += 1
-        log.warning("request", **fields, status=502, upstream_error=type(exc).__name__, added_ms=added_ms)
+        fields.update(status=502, upstream_error=type(exc).__name__)
         return web.Response(
             status=502,
             body=_error_body(
-                f"loopguard: upstream {forward.redact_url(cfg.upstream.url)} unreachable"
-                f" ({type(exc).__name__})",
+                f"loopguard: upstream {forward.redact_url(base)} unreachable ({type(exc).__name__})",
                 "upstream_unreachable",
                 502,
             ),
             content_type="application/json",
         )
 
-    upstream_ms = round((time.perf_counter() - t_send) * 1000, 3)
+    fields.update(status=upstream.status, upstream_ms=round((time.perf_counter() - t_send) * 1000, 3))
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
         await response.prepare(request)
-        is_sse = upstream.content_type == "text/event-stream"
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             st.upstream_errors += 1
-            log.warning(
-                "request",
-                **fields,
-                status=upstream.status,
-                upstream_error=type(exc).__name__,
-                upstream_ms=upstream_ms,
-                added_ms=added_ms,
-            )
-            if is_sse:
+            fields["upstream_error"] = type(exc).__name__
+            if upstream.content_type == "text/event-stream":
                 with contextlib.suppress(Exception):
                     await response.write(
                         b"data: "
@@ -175,10 +212,16 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 request.transport.close()
             return response
         await response.write_eof()
+        return response
     finally:
         upstream.close()
-    log.info("request", **fields, status=upstream.status, upstream_ms=upstream_ms, added_ms=added_ms)
-    return response
+
+
+async def _incident_log(app: web.Application) -> AsyncIterator[None]:
+    incidents = app[INCIDENTS_KEY]
+    await incidents.start()
+    yield
+    await incidents.close()
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -197,9 +240,12 @@ def create_app(cfg: Config) -> web.Application:
     """The proxy application for ``cfg`` (no sockets opened until it is run)."""
     app = web.Application(client_max_size=cfg.upstream.max_body_mb * 1024 * 1024)
     app[CONFIG_KEY] = cfg
+    app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
     app[GUARDS_KEY] = build_guards(cfg.guards)
+    app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_incident_log)
     app.router.add_get("/loop-guard", stats)
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
@@ -209,7 +255,7 @@ def create_app(cfg: Config) -> web.Application:
 async def start(cfg: Config) -> tuple[web.AppRunner, int]:
     """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
     (useful with port 0). Stop with ``await runner.cleanup()``."""
-    runner = web.AppRunner(create_app(cfg), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(create_app(cfg), handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
     await site.start()

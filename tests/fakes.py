@@ -123,3 +123,83 @@ async def looping_handler(request: web.Request, body: bytes) -> web.StreamRespon
         await resp.write_eof()
         return resp
     return web.json_response(completion(calls), dumps=lambda o: orjson.dumps(o).decode())
+
+
+def repeated_call_messages(
+    n: int,
+    name: str = "read_file",
+    arguments: str = '{"path": "app.py"}',
+    result: str = "print('hi')",
+    last_result: bool = True,
+) -> list[dict[str, Any]]:
+    """A user prompt followed by ``n`` steps each making the same call (ids ``call_1``…``call_n``)
+    and getting ``result``; the last step gets no result when ``last_result`` is False."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in app.py"}]
+    for i in range(1, n + 1):
+        cid = f"call_{i}"
+        messages.append(
+            {"role": "assistant", "content": None, "tool_calls": [tool_call(name, arguments, cid)]}
+        )
+        if i < n or last_result:
+            messages.append({"role": "tool", "tool_call_id": cid, "content": result})
+    return messages
+
+
+def agent_history(n_calls: int = 300, file_chars: int = 16_000, seed: int = 7) -> dict[str, Any]:
+    """A realistic coding-agent request body: a long system prompt, a user task, then ``n_calls``
+    steps of varied tool calls (never the same call twice in a row, so no guard fires) whose results
+    carry big file contents (non-ASCII, quotes, backslashes, newlines included). About
+    ``n_calls * file_chars`` bytes once serialized."""
+    import random
+
+    rnd = random.Random(seed)
+    words = ["def", "return", "self", "import", "class", "if", "else", "for", "in", "None", "ünïcode", "日本"]
+
+    def file_text(i: int) -> str:
+        lines = []
+        size = 0
+        while size < file_chars:
+            line = f'    {" ".join(rnd.choice(words) for _ in range(8))}  # "q" \\ line {i}-{size}\t'
+            lines.append(line)
+            size += len(line) + 1
+        return "\n".join(lines)
+
+    tools = ["read_file", "grep", "list_dir", "run_tests", "edit_file"]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent. " * 200},
+        {"role": "user", "content": "Refactor the storage layer and make the tests pass."},
+    ]
+    for i in range(n_calls):
+        name = tools[i % len(tools)]
+        args = {"path": f"src/module_{i}.py", "pattern": f"fn_{i}", "line": i, "ratio": i / 7}
+        cid = f"call_{i:04d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Step {i}: looking at module {i}." if i % 3 == 0 else None,
+                "tool_calls": [tool_call(name, orjson.dumps(args).decode(), cid)],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": cid, "name": name, "content": file_text(i)})
+    return {
+        "model": "qwen2.5-coder-32b",
+        "messages": messages,
+        "tools": [
+            {"type": "function", "function": {"name": t, "parameters": {"type": "object", "properties": {}}}}
+            for t in tools
+        ],
+        "temperature": 0.2,
+        "stream": False,
+    }
+
+
+def only_guard(name: str, **settings: Any) -> dict[str, Any]:
+    """A config dict enabling guard ``name`` (with ``settings``) and disabling every other guard
+    the configuration knows, so a test about one guard is not disturbed by guards added later."""
+    import dataclasses
+
+    from proxy.config import GuardsConfig
+
+    guards: dict[str, Any] = {f.name: {"enabled": False} for f in dataclasses.fields(GuardsConfig)}
+    guards[name] = {"enabled": True, **settings}
+    return {"guards": guards}

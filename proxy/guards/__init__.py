@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from proxy.actions import Action
 from proxy.config import GuardsConfig
+from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.repeat_reminder import RepeatReminder
 from proxy.transcript import Transcript
 
@@ -29,9 +30,10 @@ Guard = Callable[[Transcript, Context], list[Action]]
 
 
 def build_guards(cfg: GuardsConfig) -> tuple[Guard, ...]:
-    """The enabled guards, in order: repeat_reminder."""
+    """The enabled guards, in order: repeat_reminder, circuit_breaker."""
     registry: list[tuple[bool, Callable[[], Guard]]] = [
         (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder)),
+        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker)),
     ]
     return tuple(make() for enabled, make in registry if enabled)
 

@@ -1,0 +1,121 @@
+"""circuit_breaker: withhold the results of windowed duplicate calls and past a lifetime cap
+(DESIGN §6.2).
+
+Seed: dsh-circuit-breaker (duplicate limit 6 in a window of 200, cap 300 calls per agent).
+
+Rules:
+- Guarded calls: those matching ``only`` when it is set (it overrides ``exempt``), else every call
+  not matching ``exempt``. Unguarded calls are invisible: they never count, never fill the window.
+- Guarded calls are replayed in conversation order (parallel calls of one step in listed order).
+  A call is denied
+  - ``cap``: when ``max_calls_per_agent`` (> 0) executed calls precede it in the conversation
+    (user messages do not reset this);
+  - ``duplicate``: when ``duplicate_limit`` calls with its canonical key (DESIGN §5, with
+    ``ignore_args`` dropped) are already among the last ``window`` executed calls.
+  The cap is checked first, so once it is reached every later denial is of kind ``cap``.
+- Denied calls do not enter the window and do not count as executed. Every other guarded call is
+  executed, *whether or not its result is in the request yet*: verdicts depend only on the sequence
+  of calls, so a result arriving on a later request never changes the verdict of any call.
+- A denial becomes a :class:`~proxy.actions.Withhold` of the call's tool result. A denied call whose
+  result has not arrived yet gets no action (there is nothing to replace); it still stays out of
+  the window.
+- Evidence: ``count`` is the call's ordinal among the calls the rule compares, denied ones
+  included (``duplicate``: guarded calls with the same key so far; ``cap``: all guarded calls so
+  far); ``limit`` is ``duplicate_limit`` or ``max_calls_per_agent``; ``reason`` is the kind.
+- Text: ``deny_message`` rendered with ``{tool}``, ``{count}``, ``{limit}``, ``{kind}``; when it is
+  empty, :data:`DUPLICATE_TEXT` or :data:`CAP_TEXT`. The texts never claim the call did not run
+  (the agent did run it: only its result is withheld from the model).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+from proxy.actions import Action, Withhold
+from proxy.canonical import canonical_arguments
+from proxy.config import CircuitBreakerConfig
+from proxy.patterns import NamePatterns
+from proxy.transcript import Transcript
+
+RULE = "circuit_breaker"
+DUPLICATE = "duplicate"
+CAP = "cap"
+
+DUPLICATE_TEXT = (
+    "[loopguard] The result of this call is withheld: you have now called {tool} with these same "
+    "arguments {count} times, and the limit is {limit}. Repeating it will not give you anything "
+    "new. Stop making this call: use the results you already have, change your approach, or tell "
+    "the user what is blocking you."
+)
+
+CAP_TEXT = (
+    "[loopguard] The result of this call is withheld: this conversation has reached its limit of "
+    "{limit} tool calls (this was call {count}). Stop calling tools: tell the user what you have "
+    "done and found so far, what is left, and what you need from them."
+)
+
+
+class CircuitBreaker:
+    """Guard callable: ``CircuitBreaker(cfg)(transcript, ctx) -> list[Withhold]``."""
+
+    __slots__ = ("_cfg", "_exempt", "_ignore", "_only", "_texts")
+
+    name = RULE
+
+    def __init__(self, cfg: CircuitBreakerConfig) -> None:
+        self._cfg = cfg
+        self._exempt = NamePatterns(cfg.exempt)
+        self._only = NamePatterns(cfg.only)
+        self._ignore = frozenset(cfg.ignore_args)
+        self._texts = {
+            DUPLICATE: cfg.deny_message or DUPLICATE_TEXT,
+            CAP: cfg.deny_message or CAP_TEXT,
+        }
+
+    def guarded(self, name: str) -> bool:
+        if self._only:
+            return self._only.matches(name)
+        return not self._exempt.matches(name)
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        cfg = self._cfg
+        cap = cfg.max_calls_per_agent
+        window: deque[tuple[str, str]] = deque()
+        in_window: Counter[tuple[str, str]] = Counter()
+        seen: Counter[tuple[str, str]] = Counter()
+        guarded = 0
+        executed = 0
+        actions: list[Action] = []
+        for call in transcript.calls:
+            if not self.guarded(call.name):
+                continue
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+            guarded += 1
+            seen[key] += 1
+            if cap and executed >= cap:
+                kind, count, limit = CAP, guarded, cap
+            elif in_window[key] >= cfg.duplicate_limit:
+                kind, count, limit = DUPLICATE, seen[key], cfg.duplicate_limit
+            else:
+                executed += 1
+                window.append(key)
+                in_window[key] += 1
+                if len(window) > cfg.window:
+                    in_window[window.popleft()] -= 1
+                continue
+            if call.result is None:
+                continue
+            actions.append(
+                Withhold(
+                    position=call.result.position,
+                    call_id=call.call_id,
+                    text=self._texts[kind].format(tool=call.name, count=count, limit=limit, kind=kind),
+                    rule=RULE,
+                    tool=call.name,
+                    count=count,
+                    limit=limit,
+                    fresh=transcript.is_fresh(call.step),
+                    reason=kind,
+                )
+            )
+        return actions

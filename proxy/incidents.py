@@ -1,0 +1,151 @@
+"""Incident records of the circuit breaker (DESIGN §6.2): one per conversation and denial kind.
+
+An *incident* is the first denial of a kind (``duplicate``, ``cap``) in a conversation, recorded
+once, when it is decided. Which denials qualify is derived from the request alone
+(:func:`first_fresh_denials`): the denial must be fresh (it concerns the newest step) and no earlier
+denial of that kind may exist among the re-derived ones. So once a conversation's history shows a
+denial, later requests never record it again, across a proxy restart too.
+
+The one case the history cannot tell apart is a client retry of the very request that carried the
+fresh denial; a bounded in-memory set of ``(agent, kind)`` already recorded (least recently used
+dropped first) covers it. A retry that spans a restart is the only way to get a second line.
+
+:class:`IncidentLog` writes each incident as one JSON line
+``{"time","kind","tool","count","limit","agent"}`` (``time`` ISO-8601 UTC, ``agent`` the
+conversation key of DESIGN §4) to an append-only file. Writes happen in a background task that
+hands each line to a worker thread (the event loop never touches the disk); the file is opened in
+append mode, written and closed per line, so every line is flushed (and log rotation just works).
+A failed write (missing directory, permissions, full disk) is logged once, without content, and
+counted in ``write_errors``; it never reaches the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+import structlog
+
+from proxy.actions import Action, Withhold
+from proxy.guards.circuit_breaker import RULE
+
+log = structlog.get_logger("loopguard")
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    time: str
+    kind: str
+    tool: str
+    count: int
+    limit: int | None
+    agent: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "kind": self.kind,
+            "tool": self.tool,
+            "count": self.count,
+            "limit": self.limit,
+            "agent": self.agent,
+        }
+
+
+def iso_utc(ms: int) -> str:
+    """``ms`` since the epoch as ISO-8601 UTC with milliseconds: ``2025-01-02T03:04:05.678Z``."""
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def first_fresh_denials(actions: Iterable[Action]) -> list[Withhold]:
+    """The circuit-breaker denials of one request that are incidents: for each kind, the first
+    denial of that kind, kept only when it is fresh. Pure; in action (= call) order."""
+    kinds: set[str] = set()
+    out: list[Withhold] = []
+    for a in actions:
+        if not isinstance(a, Withhold) or a.rule != RULE or a.reason in kinds:
+            continue
+        kinds.add(a.reason)
+        if a.fresh:
+            out.append(a)
+    return out
+
+
+class IncidentLog:
+    """Decides which denials are new incidents and appends them to ``path`` (``""`` = no file).
+
+    ``record`` is synchronous and cheap (called on the request path); file writes start after
+    ``await start()`` and are drained by ``await close()``. Incidents recorded while not started
+    are returned but not written.
+    """
+
+    __slots__ = ("_max_keys", "_queue", "_seen", "_task", "path", "write_errors")
+
+    def __init__(self, path: str = "", max_keys: int = 10_000) -> None:
+        self.path = path
+        self.write_errors = 0
+        self._max_keys = max_keys
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._queue: asyncio.Queue[bytes] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, actions: Iterable[Action], agent: str, now_ms: int) -> list[Incident]:
+        """The new incidents among ``actions`` of one request of conversation ``agent``; each is
+        queued for writing and remembered so a retry of the same request records nothing."""
+        out: list[Incident] = []
+        for w in first_fresh_denials(actions):
+            key = (agent, w.reason)
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                continue
+            self._seen[key] = None
+            if len(self._seen) > self._max_keys:
+                self._seen.popitem(last=False)
+            incident = Incident(iso_utc(now_ms), w.reason, w.tool, w.count, w.limit, agent)
+            out.append(incident)
+            if self._queue is not None:
+                self._queue.put_nowait(orjson.dumps(incident.as_dict()) + b"\n")
+        return out
+
+    async def start(self) -> None:
+        if self.path and self._task is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.create_task(self._run(self._queue), name="loopguard-incident-log")
+
+    async def close(self) -> None:
+        """Write what is queued, then stop the writer."""
+        if self._task is None or self._queue is None:
+            return
+        await self._queue.join()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = self._queue = None
+
+    async def _run(self, queue: asyncio.Queue[bytes]) -> None:
+        while True:
+            line = await queue.get()
+            try:
+                await asyncio.to_thread(self._append, line)
+            except Exception as exc:  # a broken log must never affect forwarding
+                self.write_errors += 1
+                if self.write_errors == 1:
+                    log.error(
+                        "incident_log_error",
+                        path=self.path,
+                        error=type(exc).__name__,
+                        detail=getattr(exc, "strerror", None),
+                    )
+            finally:
+                queue.task_done()
+
+    def _append(self, line: bytes) -> None:
+        with open(self.path, "ab") as f:
+            f.write(line)

@@ -1,0 +1,880 @@
+"""Integration tests of the HTTP edge through the real server (DESIGN §1, §3, §7).
+
+Every test runs the same code as ``loopguard serve`` (``make_proxy``) in front of a fake upstream on a
+real port (``upstream``) and talks to it as an agent would: with a raw aiohttp client that adds no
+headers of its own, with raw sockets where connection handling matters, or with the official SDK.
+Timing properties (no SSE buffering, prompt upstream close on disconnect) are proven with events,
+never with sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import httpx2
+import openai
+import orjson
+import pytest
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+import proxy.rewrite
+from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
+from proxy.observe import configure_logging
+from tests.fakes import (
+    FakeUpstream,
+    agent_history,
+    completion,
+    looping_handler,
+    only_guard,
+    repeated_call_messages,
+    sse_events,
+    tool_call,
+)
+
+CHAT = "/v1/chat/completions"
+#: The test agent sends only the headers a test names (plus Host and Content-Length).
+AGENT_SKIP = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=AGENT_SKIP) as s:
+        yield s
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lower(headers: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def fixed(
+    status: int = 200,
+    body: bytes = b"",
+    headers: Any = None,
+    reason: str | None = None,
+) -> Any:
+    """An upstream handler answering every request with exactly this status, body and headers."""
+
+    async def handler(request: web.Request, _body: bytes) -> web.StreamResponse:
+        return web.Response(status=status, reason=reason, body=body, headers=headers)
+
+    return handler
+
+
+async def stream_events(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for ev in events:
+        await resp.write(ev)
+    await resp.write_eof()
+    return resp
+
+
+def body_of(messages: list[dict[str, Any]], stream: bool = False) -> bytes:
+    return orjson.dumps({"model": "m", "messages": messages, "stream": stream})
+
+
+# --- byte-identical passthrough ------------------------------------------------------------------
+
+ODD_BODY = (
+    b'  {\n\t"stream" :false , "temperature":0.50,\n'
+    b'"messages":[ {"content":"caf\\u00e9 \xc3\xa9 \\"q\\" \\/","role" : "user"} ],'
+    b' "model":"m", "extra":{"b":1,"a":[1.0, 2e3]}, "model_dup":"x"   }\r\n '
+)
+
+
+async def test_untouched_chat_request_is_byte_identical(upstream: FakeUpstream, make_proxy, agent) -> None:
+    answer = b'{"id":"x",  "choices":[] ,"odd":  "\\u00e9"}'
+    upstream.handler = fixed(200, answer, {"Content-Type": "application/json"})
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=ODD_BODY, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200
+        assert await r.read() == answer
+    (rec,) = upstream.requests
+    assert (rec.method, rec.path_qs) == ("POST", CHAT)
+    assert rec.body == ODD_BODY
+
+
+async def test_5mb_agent_history_is_forwarded_byte_identical(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    # ~300 calls (under the circuit breaker's lifetime cap of 300), ASCII escapes + indentation
+    raw = json.dumps(agent_history(290, 17_000), indent=1).encode()
+    assert len(raw) > 5 * 1024 * 1024
+    base = await make_proxy()  # default max_body_mb (64)
+    async with agent.post(base + CHAT, data=raw, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200
+        assert (await r.json())["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
+    (rec,) = upstream.requests
+    assert rec.body == raw
+
+
+async def test_untouched_streaming_chat_request_is_byte_identical(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    raw = json.dumps({"messages": repeated_call_messages(2), "model": "m", "stream": True}, indent=2).encode()
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=raw) as r:
+        got = await r.read()
+    assert upstream.requests[0].body == raw
+    assert got == b"".join(sse_events([tool_call("read_file", '{"path": "app.py"}', "call_3")]))
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "expected"),
+    [
+        ("GET", "/v1/models?x=1", None, "/v1/models?x=1"),
+        ("GET", "/health", None, "/health"),
+        ("GET", "/props?a=1&b=%20c", None, "/props?a=1&b=%20c"),
+        ("PUT", "/v1/files/file-1?purpose=batch", b"\x00\x01binary\xff", "/v1/files/file-1?purpose=batch"),
+        ("DELETE", "/v1/files/file-1", None, "/v1/files/file-1"),
+        ("POST", "/v1/embeddings", b'{"input": "x",  "model":"e"}', "/v1/embeddings"),
+        ("PATCH", "/v1beta/thing", b"{}", "/v1beta/thing"),
+        ("GET", "/v1/files/a%2Fb%20c?q=x%2By&r=1+2", None, "/v1/files/a%2Fb%20c?q=x%2By&r=1+2"),
+        ("OPTIONS", "/v1/models", None, "/v1/models"),
+    ],
+)
+async def test_other_paths_and_methods(
+    upstream: FakeUpstream, make_proxy, agent, method: str, path: str, body: bytes | None, expected: str
+) -> None:
+    upstream.handler = fixed(200, b"ok:" + method.encode(), {"X-Up": "1"})
+    base = await make_proxy()
+    async with agent.request(method, base + path, data=body) as r:
+        assert r.status == 200
+        assert await r.read() == b"ok:" + method.encode()
+        assert r.headers["X-Up"] == "1"
+    (rec,) = upstream.requests
+    assert (rec.method, rec.path_qs, rec.body) == (method, expected, body or b"")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "path", "expected"),
+    [
+        ("/api/v1", "/v1/models?x=1", "/api/v1/models?x=1"),
+        ("/api/v1", CHAT, "/api/v1/chat/completions"),
+        ("/api/v1/", "/v1/models", "/api/v1/models"),
+        ("/api/v1", "/health", "/health"),
+        ("/api/v1", "/v1", "/api/v1"),
+        ("/openai", "/v1/chat/completions?api-version=2", "/openai/chat/completions?api-version=2"),
+        ("", "/v1/models", "/models"),
+    ],
+)
+async def test_upstream_base_with_path_prefix(
+    upstream: FakeUpstream, make_proxy, agent, prefix: str, path: str, expected: str
+) -> None:
+    upstream.handler = fixed(200, b"{}")
+    origin = upstream.url.removesuffix("/v1")
+    base = await make_proxy(upstream_url=origin + prefix)
+    method = "POST" if "chat" in path else "GET"
+    async with agent.request(method, base + path, data=b"{}" if method == "POST" else None) as r:
+        assert r.status == 200
+    assert upstream.requests[0].path_qs == expected
+
+
+async def test_head_request(upstream: FakeUpstream, make_proxy, agent) -> None:
+    upstream.handler = fixed(200, b"0123456789", {"X-Up": "1"})
+    base = await make_proxy()
+    async with agent.head(base + "/v1/models") as r:
+        assert r.status == 200
+        assert r.headers["X-Up"] == "1"
+        assert r.headers["Content-Length"] == "10"
+        assert await r.read() == b""
+    assert upstream.requests[0].method == "HEAD"
+
+
+async def test_expect_100_continue_and_chunked_request_bodies(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    """curl sends ``Expect: 100-continue`` with big bodies; SDKs may stream bodies chunked."""
+    upstream.handler = fixed(200, b"{}")
+    base = await make_proxy()
+    raw = json.dumps(agent_history(40, 4000), indent=1).encode()
+    async with agent.post(base + CHAT, data=raw, expect100=True) as r:
+        assert r.status == 200
+    assert upstream.requests[-1].body == raw
+
+    async def gen() -> AsyncIterator[bytes]:
+        for i in range(0, len(raw), 70_001):
+            yield raw[i : i + 70_001]
+
+    async with agent.post(base + CHAT, data=gen()) as r:
+        assert r.status == 200
+    assert upstream.requests[-1].body == raw
+
+
+# --- headers ---------------------------------------------------------------------------------------
+
+
+async def test_request_headers_end_to_end_and_hop_by_hop_dropped(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    seen: list[list[tuple[str, str]]] = []
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        seen.append(list(request.headers.items()))
+        return web.json_response({})
+
+    upstream.handler = handler
+    base = await make_proxy()
+    headers = [
+        ("Authorization", "Bearer sk-agent-key"),
+        ("X-Foo", "bar  baz"),
+        ("X-Multi", "a"),
+        ("X-Multi", "b"),
+        ("Content-Type", "application/json"),
+        ("Connection", "keep-alive, X-Drop-Me"),
+        ("X-Drop-Me", "1"),
+        ("Keep-Alive", "timeout=5"),
+        ("TE", "trailers"),
+        ("Upgrade", "h2c"),
+        ("Proxy-Authorization", "Basic cHJveHk6c2VjcmV0"),
+        ("Proxy-Connection", "keep-alive"),
+    ]
+    async with agent.post(base + CHAT, data=b'{"messages": []}', headers=headers) as r:
+        assert r.status == 200
+    (items,) = seen
+    names = sorted({k.lower() for k, _ in items})
+    assert names == ["authorization", "content-length", "content-type", "host", "x-foo", "x-multi"]
+    got = lower(upstream.requests[0].headers)
+    assert got["host"] == upstream.url.removeprefix("http://").removesuffix("/v1")
+    assert got["authorization"] == "Bearer sk-agent-key"
+    assert got["x-foo"] == "bar  baz"
+    assert got["content-type"] == "application/json"
+    assert [v for k, v in items if k.lower() == "x-multi"] == ["a", "b"]
+
+
+async def test_no_headers_added_that_the_agent_did_not_send(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    upstream.handler = fixed(200, b"{}")
+    base = await make_proxy()
+    async with agent.get(base + "/v1/models") as r:
+        assert r.status == 200
+    async with agent.post(base + CHAT, data=b"{}") as r:
+        assert r.status == 200
+    get, post = (lower(rec.headers) for rec in upstream.requests)
+    assert set(get) == {"host"}
+    assert set(post) == {"host", "content-length"}
+    # What the agent sends is kept as sent.
+    async with agent.get(
+        base + "/v1/models", headers={"Accept-Encoding": "br", "User-Agent": "agent/1"}
+    ) as r:
+        assert r.status == 200
+    third = lower(upstream.requests[2].headers)
+    assert (third["accept-encoding"], third["user-agent"]) == ("br", "agent/1")
+
+
+async def test_response_status_reason_headers_relayed(upstream: FakeUpstream, make_proxy, agent) -> None:
+    upstream.handler = fixed(
+        418,
+        b"I'm a teapot\n",
+        CIMultiDict(
+            [
+                ("X-Custom", "v 1"),
+                ("Content-Type", "text/plain"),
+                ("Set-Cookie", "a=1"),
+                ("Set-Cookie", "b=2"),
+                ("X-Hop", "1"),
+                ("Connection", "X-Hop"),
+                ("Keep-Alive", "timeout=9"),
+            ]
+        ),
+        reason="Short And Stout",
+    )
+    base = await make_proxy()
+    async with agent.get(base + "/v1/models") as r:
+        assert (r.status, r.reason) == (418, "Short And Stout")
+        assert await r.read() == b"I'm a teapot\n"
+        assert r.headers["X-Custom"] == "v 1"
+        assert r.headers["Content-Type"] == "text/plain"
+        assert r.headers.getall("Set-Cookie") == ["a=1", "b=2"]
+        assert "X-Hop" not in r.headers
+        assert "Keep-Alive" not in r.headers
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers"),
+    [
+        (400, b'{"error":{"message":"bad  request","type":"invalid_request_error"}}', {}),
+        (401, b'{"error": {"message": "Incorrect API key"}}', {"WWW-Authenticate": "Bearer"}),
+        (404, b"Not Found", {}),
+        (429, b'{"error":{"type":"rate_limit"}}', {"Retry-After": "7", "X-RateLimit-Remaining": "0"}),
+        (500, b"Internal Server Error\n\xff\xfe", {}),
+        (503, b'{"error":{"message":"Loading model","code":503}}', {"Retry-After": "1"}),
+        (307, b"", {"Location": "http://elsewhere.invalid/v1/chat/completions"}),
+        (204, b"", {"X-Empty": "1"}),
+    ],
+)
+async def test_upstream_errors_reach_agent_exactly(
+    upstream: FakeUpstream, make_proxy, agent, status: int, body: bytes, headers: dict[str, str]
+) -> None:
+    upstream.handler = fixed(status, body, {"Content-Type": "application/json", **headers})
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1)), allow_redirects=False) as r:
+        assert r.status == status
+        assert await r.read() == body
+        for k, v in headers.items():
+            assert r.headers[k] == v
+
+
+async def test_gzip_response_passes_through_compressed(upstream: FakeUpstream, make_proxy, agent) -> None:
+    plain = orjson.dumps(completion(content="hello " * 1000))
+    packed = gzip.compress(plain, mtime=0)
+    upstream.handler = fixed(200, packed, {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    base = await make_proxy()
+    async with agent.post(
+        base + CHAT, data=body_of(repeated_call_messages(1)), headers={"Accept-Encoding": "gzip"}
+    ) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        got = await r.read()
+    assert got == packed
+    assert gzip.decompress(got) == plain
+    assert lower(upstream.requests[0].headers)["accept-encoding"] == "gzip"
+
+
+async def test_compressed_request_body_is_forwarded_unchanged(make_proxy, agent) -> None:
+    """A ``Content-Encoding: gzip`` request body is opaque to the proxy: the upstream must get the
+    compressed bytes the agent sent, under the same header (recorded by an upstream that does not
+    decompress)."""
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        got.append((lower(dict(request.headers)), await request.read()))
+        return web.Response(body=b"{}")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, auto_decompress=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        base = await make_proxy(upstream_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+        plain = body_of(repeated_call_messages(3))
+        packed = gzip.compress(plain, mtime=0)
+        async with agent.post(base + CHAT, data=packed, headers={"Content-Encoding": "gzip"}) as r:
+            assert r.status == 200
+        ((headers, body),) = got
+        assert headers["content-encoding"] == "gzip"
+        assert body == packed
+    finally:
+        await runner.cleanup()
+
+
+# --- body limit -------------------------------------------------------------------------------------
+
+
+async def test_body_over_max_body_mb_gets_413(upstream: FakeUpstream, make_proxy, agent) -> None:
+    base = await make_proxy({"upstream": {"max_body_mb": 1}})
+    big = body_of([{"role": "user", "content": "x" * (1024 * 1024 + 10)}])
+    async with agent.post(base + CHAT, data=big) as r:
+        assert r.status == 413
+    assert upstream.requests == []
+    # Just under the limit still goes through.
+    ok = body_of([{"role": "user", "content": "x" * (1024 * 1024 - 100)}])
+    async with agent.post(base + CHAT, data=ok) as r:
+        assert r.status == 200
+    assert upstream.requests[0].body == ok
+
+
+# --- SSE ------------------------------------------------------------------------------------------
+
+
+async def test_sse_chunks_relayed_in_order_byte_exact(upstream: FakeUpstream, make_proxy, agent) -> None:
+    events = [
+        b"data: " + orjson.dumps({"i": i, "pad": "é" * (i * 37 % 500), "nl": "a\nb"}) + b"\n\n"
+        for i in range(64)
+    ]
+    events.insert(10, b": keep-alive comment\n\n")
+    events.insert(20, b"event: ping\r\ndata: {}\r\n\r\n")
+    events.append(b"data: [DONE]\n\n")
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        return await stream_events(request, events)
+
+    upstream.handler = handler
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        got = b"".join([c async for c in r.content.iter_any()])
+    assert got == b"".join(events)
+
+
+async def test_sse_is_not_buffered(upstream: FakeUpstream, make_proxy, agent) -> None:
+    events = sse_events([tool_call("read_file", '{"path": "app.py"}', "call_1")])
+    first_received = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(events[0])
+        await first_received.wait()  # only the agent receiving chunk 1 through the proxy releases this
+        for ev in events[1:]:
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    try:
+        async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+            first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 2)
+            assert first == events[0]
+            first_received.set()
+            rest = await asyncio.wait_for(r.read(), 2)
+    finally:
+        first_received.set()
+    assert first + rest == b"".join(events)
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+async def test_non_json_body_forwarded_and_upstream_400_relayed(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    error = b'{"error":{"message":"Failed to parse the request body as JSON: expected value","code":400}}'
+    upstream.handler = fixed(400, error, {"Content-Type": "application/json; charset=utf-8"})
+    base = await make_proxy()
+    for raw in (b"this is {not json", b"", b"\xff\xfe\x00garbage", b'{"messages": [', b"[1, 2, 3]", b"null"):
+        async with agent.post(base + CHAT, data=raw, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400
+            assert await r.read() == error
+        assert upstream.requests[-1].body == raw
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "messages": {"role": "user", "content": "not a list"}},
+        {"model": "m", "messages": "hello"},
+        {"model": "m", "messages": None},
+        {"model": "m"},
+        {"model": "m", "messages": [*repeated_call_messages(3)[:-1], "not an object"]},
+        {"model": "m", "messages": [*repeated_call_messages(3), 42]},
+    ],
+    ids=["dict", "string", "null", "missing", "non-object-msg", "trailing-int"],
+)
+async def test_unreadable_messages_forwarded_unchanged(
+    upstream: FakeUpstream, make_proxy, agent, body: dict[str, Any]
+) -> None:
+    upstream.handler = fixed(200, b"{}")
+    raw = json.dumps(body).encode()
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=raw) as r:
+        assert r.status == 200
+    assert upstream.requests[0].body == raw
+
+
+async def test_orphan_tool_message_and_unanswered_call(upstream: FakeUpstream, make_proxy, agent) -> None:
+    base = await make_proxy()
+    orphan = [
+        {"role": "user", "content": "hi"},
+        {"role": "tool", "tool_call_id": "nope", "content": "stray result"},
+        {"role": "tool", "content": "no id at all"},
+    ]
+    # The newest step (call 3) has no result yet: no reminder for it yet.
+    pending = repeated_call_messages(3, last_result=False)
+    # A call that never got its result (call 1) still counts; call 3's result is there.
+    skipped = repeated_call_messages(3)
+    del skipped[2]
+    for messages in (orphan, pending):
+        raw = json.dumps({"model": "m", "messages": messages}).encode()
+        async with agent.post(base + CHAT, data=raw) as r:
+            assert r.status == 200
+        assert upstream.requests[-1].body == raw
+    raw = json.dumps({"model": "m", "messages": skipped}).encode()
+    async with agent.post(base + CHAT, data=raw) as r:
+        assert r.status == 200
+    sent = upstream.requests[-1].json()["messages"]
+    assert sent == [*skipped, {"role": "user", "content": GENTLE_TEXT}]
+
+
+async def test_invalid_json_arguments_compared_raw(upstream: FakeUpstream, make_proxy, agent) -> None:
+    base = await make_proxy()
+    bad = '{"path": "app.py"'  # not JSON
+    raw3 = body_of(repeated_call_messages(3, arguments=bad))
+    async with agent.post(base + CHAT, data=raw3) as r:
+        assert r.status == 200
+    assert upstream.requests[-1].json()["messages"][7] == {"role": "user", "content": GENTLE_TEXT}
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(5, arguments=bad))) as r:
+        assert r.status == 200
+    detailed = DETAILED_TEXT.format(tool="read_file", count=5, arguments=bad)
+    assert "- arguments: " + bad + "\n" in detailed
+    assert upstream.requests[-1].json()["messages"][12] == {"role": "user", "content": detailed}
+    # Invalid JSON that differs only in whitespace is a different raw string: no chain.
+    messages = repeated_call_messages(3, arguments=bad)
+    messages[3]["tool_calls"][0]["function"]["arguments"] = '{"path":"app.py"'
+    raw = body_of(messages)
+    async with agent.post(base + CHAT, data=raw) as r:
+        assert r.status == 200
+    assert upstream.requests[-1].body == raw
+
+
+# --- upstream failures ---------------------------------------------------------------------------
+
+
+async def test_upstream_down_gives_502_without_secrets(make_proxy, agent) -> None:
+    port = closed_port()
+    base = await make_proxy(upstream_url=f"http://127.0.0.1:{port}/v1")
+    async with agent.post(
+        base + CHAT,
+        data=body_of(repeated_call_messages(1)),
+        headers={"Authorization": "Bearer sk-agent-secret"},
+    ) as r:
+        assert r.status == 502
+        assert r.headers["Content-Type"].startswith("application/json")
+        raw = await r.read()
+    err = orjson.loads(raw)["error"]
+    assert err["type"] == "upstream_unreachable"
+    assert isinstance(err["message"], str) and err["message"]
+    assert b"sk-agent-secret" not in raw
+    async with agent.get(base + "/v1/models") as r:
+        assert r.status == 502
+    async with agent.get(base + "/loop-guard") as r:
+        assert (await r.json())["upstream_errors"] == 2
+
+
+async def test_upstream_url_with_credentials_down_gives_502_without_secrets(make_proxy, agent) -> None:
+    """An upstream base URL may carry credentials (user info); the agent's own ``Authorization``
+    must still be forwarded (here: the upstream is down, so 502) and neither secret may leak."""
+    port = closed_port()
+    base = await make_proxy(upstream_url=f"http://user:sk-url-secret@127.0.0.1:{port}/v1")
+    for headers in ({}, {"Authorization": "Bearer sk-agent-secret"}):
+        async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1)), headers=headers) as r:
+            raw = await r.read()
+            assert r.status == 502, (headers, raw)
+        assert orjson.loads(raw)["error"]["type"] == "upstream_unreachable"
+        assert b"sk-agent-secret" not in raw
+        assert b"sk-url-secret" not in raw
+
+
+def _dies_after_two_events(events: list[bytes]) -> Any:
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(events[0])
+        await resp.write(events[1])
+        assert request.transport is not None
+        request.transport.close()  # abrupt: no terminating chunk (close() still flushes the two)
+        return resp
+
+    return handler
+
+
+async def test_upstream_dies_mid_stream_raw_client_sees_error_event(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    events = sse_events(content="hello world, this is long")
+    upstream.handler = _dies_after_two_events(events)
+    base = await make_proxy()
+    got = b""
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in r.content.iter_any():
+                got += chunk
+    assert got.startswith(events[0] + events[1])
+    tail = got[len(events[0] + events[1]) :]
+    assert tail.startswith(b'data: {"error"')
+    assert tail.endswith(b"\n\n")
+    assert orjson.loads(tail[len(b"data: ") :])["error"]["message"]
+    assert b"[DONE]" not in got
+
+
+async def test_upstream_dies_mid_stream_sdk_raises(upstream: FakeUpstream, make_proxy) -> None:
+    events = sse_events(content="hello world, this is long")
+    upstream.handler = _dies_after_two_events(events)
+    base = await make_proxy()
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
+    received: list[Any] = []
+    try:
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        # The proxy's error event (openai.APIError) or a broken transfer: anything but a clean end.
+        with pytest.raises((openai.APIError, httpx2.TransportError)):
+            async for chunk in stream:
+                received.append(chunk)
+        assert len(received) == 2
+    finally:
+        await client.close()
+
+
+async def test_upstream_dies_mid_json_body_agent_sees_error(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "1000"})
+        await resp.prepare(request)
+        await resp.write(b'{"id": "chatcmpl-1", ')
+        assert request.transport is not None
+        request.transport.close()  # 980 bytes short of Content-Length
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1))) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+
+
+async def test_agent_disconnect_closes_upstream_request(upstream: FakeUpstream, make_proxy) -> None:
+    events = sse_events(content="a long generation " * 4)
+    upstream_closed = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await resp.write(events[0])
+            await asyncio.Event().wait()  # generating forever, until the proxy hangs up
+        except (asyncio.CancelledError, ConnectionError):
+            upstream_closed.set()
+            raise
+        finally:
+            upstream_closed.set()
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    port = int(base.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = body_of(repeated_call_messages(1), stream=True)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while events[0] not in buf:
+        data = await asyncio.wait_for(reader.read(65536), 2)
+        assert data, "proxy closed the connection before the first chunk"
+        buf += data
+    assert not upstream_closed.is_set()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    writer.close()
+    await asyncio.wait_for(upstream_closed.wait(), 2)
+    assert loop.time() - t0 < 1.0
+
+
+async def test_agent_disconnect_before_upstream_answers_closes_upstream_request(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    """A non-streaming generation: the agent gives up while the upstream is still thinking."""
+    started = asyncio.Event()
+    upstream_closed = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a long generation, until the proxy hangs up
+        finally:
+            upstream_closed.set()
+        raise AssertionError("unreachable")
+
+    upstream.handler = handler
+    base = await make_proxy()
+    port = int(base.rsplit(":", 1)[1])
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = body_of(repeated_call_messages(1))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await asyncio.wait_for(started.wait(), 2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    writer.close()
+    await asyncio.wait_for(upstream_closed.wait(), 2)
+    assert loop.time() - t0 < 1.0
+
+
+# --- proxy's own endpoints -------------------------------------------------------------------------
+
+
+async def test_healthz(make_proxy, agent) -> None:
+    base = await make_proxy()
+    async with agent.get(base + "/loop-guard/healthz") as r:
+        assert r.status == 200
+        assert await r.json(content_type=None) == {"status": "ok"}
+
+
+async def test_stats_counts_after_scripted_sequence(upstream: FakeUpstream, make_proxy, agent) -> None:
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        if not request.path.endswith("/chat/completions"):
+            return web.json_response({"data": []})
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return web.Response(status=400, body=b"bad json")
+        return await looping_handler(request, body)
+
+    upstream.handler = handler
+    base = await make_proxy(only_guard("repeat_reminder"))
+    async with agent.get(base + "/v1/models") as r:
+        assert r.status == 200
+    async with agent.post(base + CHAT, data=b"not json") as r:
+        assert r.status == 400
+    for n in range(1, 6):  # calls 1..5 of one chain: fresh reminders at 3 and 5
+        async with agent.post(base + CHAT, data=body_of(repeated_call_messages(n))) as r:
+            assert r.status == 200
+    async with agent.get(base + "/loop-guard/healthz") as r:
+        assert r.status == 200
+    async with agent.get(base + "/loop-guard") as r:
+        assert r.status == 200
+        snap = await r.json()
+    assert snap["requests"] == 7
+    assert snap["guarded_requests"] == 6
+    assert snap["rewritten_requests"] == 3  # n = 3 (fresh), 4 (re-derived), 5 (fresh)
+    assert snap["reminders_injected"] == 2
+    assert snap["results_withheld"] == 0
+    assert snap["per_rule"] == {"repeat_reminder": 2}
+    assert snap["internal_errors"] == 0
+    assert snap["upstream_errors"] == 0
+    # The stats endpoint itself is read-only and never forwarded.
+    assert [rec.path_qs for rec in upstream.requests].count("/loop-guard") == 0
+
+
+async def test_admin_token(upstream: FakeUpstream, make_proxy, agent) -> None:
+    upstream.handler = fixed(200, b"{}")
+    base = await make_proxy({"admin_token": "adm-123"})
+    for path in ("/loop-guard", "/loop-guard/healthz"):
+        async with agent.get(base + path) as r:
+            assert r.status == 401
+        async with agent.get(base + path, headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401
+        async with agent.get(base + path, headers={"Authorization": "Bearer adm-123"}) as r:
+            assert r.status == 200
+    # Proxied routes do not need (and do not get) the admin token.
+    async with agent.get(base + "/v1/models", headers={"Authorization": "Bearer sk-agent"}) as r:
+        assert r.status == 200
+    assert lower(upstream.requests[0].headers)["authorization"] == "Bearer sk-agent"
+
+
+async def test_fail_open_when_guards_raise(
+    upstream: FakeUpstream, make_proxy, agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("guard bug")
+
+    monkeypatch.setattr(proxy.rewrite, "evaluate", boom)
+    base = await make_proxy()
+    raw = body_of(repeated_call_messages(3))  # would normally get a reminder
+    async with agent.post(base + CHAT, data=raw) as r:
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert upstream.requests[0].body == raw
+    async with agent.get(base + "/loop-guard") as r:
+        snap = await r.json()
+    assert snap["internal_errors"] == 1
+    assert snap["rewritten_requests"] == 0
+    assert snap["reminders_injected"] == 0
+
+
+# --- logging --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_structlog() -> Any:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+async def test_one_request_log_line_without_secrets(
+    upstream: FakeUpstream, make_proxy, agent, capfd: pytest.CaptureFixture[str], restore_structlog: Any
+) -> None:
+    configure_logging("info")
+    base = await make_proxy(only_guard("repeat_reminder"))
+    messages = repeated_call_messages(3)
+    messages[0]["content"] = "TOPSECRETCONTENT"
+    capfd.readouterr()
+    async with agent.post(
+        base + CHAT,
+        data=body_of(messages),
+        headers={"Authorization": "Bearer sk-secret-123", "X-Session-Id": "sess-42"},
+    ) as r:
+        assert r.status == 200
+        await r.read()
+    out = err = ""
+    for _ in range(200):  # the line is written right after the response ends; poll, not time
+        captured = capfd.readouterr()
+        out, err = out + captured.out, err + captured.err
+        if '"request"' in err:
+            break
+        await asyncio.sleep(0.005)
+    assert "sk-secret-123" not in out + err
+    assert "TOPSECRETCONTENT" not in out + err
+    lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
+    (event,) = [e for e in lines if e.get("event") == "request"]
+    assert event["conversation"] == "sess-42"
+    assert event["model"] == "m"
+    assert event["stream"] is False
+    assert event["status"] == 200
+    assert isinstance(event["upstream_ms"], int | float) and event["upstream_ms"] >= 0
+    assert isinstance(event["added_ms"], int | float) and event["added_ms"] >= 0
+    assert event["actions"] == [
+        {"rule": "repeat_reminder", "kind": "remind", "tool": "read_file", "count": 3, "limit": 3}
+    ]
+
+
+async def test_disconnected_request_is_logged_too(
+    upstream: FakeUpstream, make_proxy, capfd: pytest.CaptureFixture[str], restore_structlog: Any
+) -> None:
+    """DESIGN §7: one line per request, also when the agent hangs up mid-stream."""
+    configure_logging("info")
+    events = sse_events(content="a long generation")
+    upstream_closed = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await resp.write(events[0])
+            await asyncio.Event().wait()
+        finally:
+            upstream_closed.set()
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    capfd.readouterr()
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+    body = body_of(repeated_call_messages(1), stream=True)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while events[0] not in buf:
+        data = await asyncio.wait_for(reader.read(65536), 2)
+        assert data
+        buf += data
+    writer.close()
+    await asyncio.wait_for(upstream_closed.wait(), 2)
+    err = ""
+    for _ in range(100):  # poll for the line, not a timing assertion
+        err += capfd.readouterr().err
+        if '"request"' in err:
+            break
+        await asyncio.sleep(0.005)
+    lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert len([e for e in lines if e.get("event") == "request"]) == 1, err
