@@ -5,6 +5,7 @@ Never records message content or credentials: only counts, rule names, tool name
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -22,8 +23,26 @@ from proxy.incidents import Incident
 RECENT_INCIDENTS = 50
 
 
+class StderrLogger:
+    """structlog logger writing one line per event to the *current* ``sys.stderr``.
+
+    Looked up at each write (so a replaced stderr, e.g. under test capture, is followed) and never
+    raising: a closed or full stderr must not turn a forwarded request into an error.
+    """
+
+    __slots__ = ()
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
 def configure_logging(level: str = "info") -> None:
-    """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps."""
+    """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps (``level``: debug, info,
+    warning or error)."""
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -32,7 +51,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=lambda *args: StderrLogger(),
         cache_logger_on_first_use=False,
     )
 
