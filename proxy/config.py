@@ -10,6 +10,7 @@ then these defaults (see :mod:`proxy.cli`).
 from __future__ import annotations
 
 import dataclasses
+import re
 import string
 import types
 import typing
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from proxy.errors import ConfigError
+from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
 
 DEFAULT_IGNORE_ARGS = ("description", "explanation", "reason", "thought", "purpose")
 DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
@@ -152,9 +154,114 @@ def _check_template(text: str, names: tuple[str, ...], key: str) -> None:
 
 
 @dataclass(frozen=True)
+class TurnGuardConfig:
+    """Per-turn ledger and narration (DESIGN §6.3, issue 4). Off by default: its per-turn caps
+    suit chat assistants and would cut long autonomous coding turns.
+
+    Limits are integers; 0 disables that limit. ``targets``: tool-name pattern → argument names
+    tried for that tool's target (``proxy.targets``). ``failure_patterns``: regular expressions
+    matched at the edges of a tool result (``proxy.failures``). ``narrate_*``: milliseconds.
+    """
+
+    enabled: bool = False
+    max_same_target: int = 6
+    max_same_call: int = 3
+    max_failures: int = 5
+    max_calls_per_turn: int = 40
+    mute_after_trip: bool = True
+    targets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS
+    narrate_after_ms: int = 180_000
+    narrate_every_ms: int = 240_000
+
+    def check(self, path: str) -> None:
+        for name in ("max_same_target", "max_same_call"):
+            if getattr(self, name) < 0 or getattr(self, name) == 1:
+                raise ConfigError(f"{path}.{name}", "must be 0 (off) or an integer >= 2")
+        for name in ("max_failures", "max_calls_per_turn", "narrate_after_ms", "narrate_every_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}", "must be an integer >= 0 (0 = off)")
+        for tool, names in self.targets.items():
+            if not tool:
+                raise ConfigError(f"{path}.targets", "tool names must not be empty")
+            for i, name in enumerate(names):
+                if not name:
+                    raise ConfigError(f"{path}.targets.{tool}[{i}]", "argument names must not be empty")
+        for i, pattern in enumerate(self.failure_patterns):
+            try:
+                compile_pattern(pattern)
+            except re.error as e:
+                raise ConfigError(
+                    f"{path}.failure_patterns[{i}]", f"is not a valid regular expression: {e}"
+                ) from None
+            except ValueError as e:
+                raise ConfigError(f"{path}.failure_patterns[{i}]", f"is rejected: {e}") from None
+
+
+@dataclass(frozen=True)
 class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
+    turn_guard: TurnGuardConfig = field(default_factory=TurnGuardConfig)
+
+
+#: The placeholders a ``stop.message`` template may use.
+STOP_PLACEHOLDERS = ("tool", "count", "limit", "kind", "denials")
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    """Response side: end the agent's turn (DESIGN §6.4, :mod:`proxy.response`).
+
+    ``after_ignored_denials``: stop when the response has a call the guards would deny and the
+    turn already has this many withheld results (0 = off). ``on_cap``: stop when a call would pass
+    the circuit breaker's lifetime cap. ``message``: a template with ``{tool}``, ``{count}``,
+    ``{limit}``, ``{kind}`` (``denials`` | ``cap``), ``{denials}``; empty = the built-in text for
+    each kind.
+    """
+
+    after_ignored_denials: int = 2
+    on_cap: bool = True
+    message: str = ""
+
+    def check(self, path: str) -> None:
+        if self.after_ignored_denials < 0:
+            raise ConfigError(f"{path}.after_ignored_denials", "must be an integer >= 0 (0 = off)")
+        _check_template(self.message, STOP_PLACEHOLDERS, f"{path}.message")
+
+
+@dataclass(frozen=True)
+class DegenerateTextConfig:
+    """Streamed content or reasoning whose tail is one span repeated (:mod:`proxy.degenerate`):
+    at least ``min_repeats`` copies of a span of 1..``max_period`` characters covering at least
+    ``min_chars`` characters; fenced/indented code and table rows are not looked at."""
+
+    enabled: bool = True
+    min_repeats: int = 10
+    min_chars: int = 200
+    max_period: int = 500
+
+    def check(self, path: str) -> None:
+        if self.min_repeats < 2:
+            raise ConfigError(f"{path}.min_repeats", "must be an integer >= 2")
+        if self.min_chars < 1:
+            raise ConfigError(f"{path}.min_chars", "must be an integer >= 1")
+        if self.max_period < 1:
+            raise ConfigError(f"{path}.max_period", "must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ResponseConfig:
+    """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit."""
+
+    max_calls_per_response: int = 32
+    max_identical_per_response: int = 4
+    degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
+
+    def check(self, path: str) -> None:
+        for key in ("max_calls_per_response", "max_identical_per_response"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{path}.{key}", "must be an integer >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -163,6 +270,8 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     conversation_key: ConversationKeyConfig = field(default_factory=ConversationKeyConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
+    response: ResponseConfig = field(default_factory=ResponseConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
 
@@ -239,8 +348,8 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
+        with Path(path).open(encoding="utf-8") as f:
+            data = yaml.safe_load(f)  # a stream, so YAML errors name the file
     except OSError as e:
         raise ConfigError("<file>", f"cannot read {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
