@@ -7,7 +7,7 @@ exception is a bug and propagates; the server then forwards the original bytes (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +18,17 @@ from proxy.conversation import conversation_key
 from proxy.dialects import openai_chat
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
+from proxy.state import ConversationState
+from proxy.transcript import Transcript
 
 
 @dataclass(frozen=True, slots=True)
 class RequestDecision:
     """``body``: bytes for the upstream (the original object when nothing changed).
     ``actions``: every action derived (fresh and re-derived). ``conversation``: DESIGN §4 key
-    (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log."""
+    (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log.
+    ``transcript``: what the guards read (None when the body was not readable), for the server to
+    remember what it saw (:mod:`proxy.state`)."""
 
     body: bytes
     actions: tuple[Action, ...]
@@ -32,6 +36,7 @@ class RequestDecision:
     conversation: str = ""
     model: str | None = None
     stream: bool | None = None
+    transcript: Transcript | None = None
 
 
 def decide_request(
@@ -40,8 +45,12 @@ def decide_request(
     guards: Sequence[Guard],
     header_names: Sequence[str],
     now_ms: int = 0,
+    state_for: Callable[[str], ConversationState | None] | None = None,
 ) -> RequestDecision:
     """Parse a chat-completions request body, run the guards, apply their actions.
+
+    ``state_for(conversation_key)`` gives the remembered state handed to the guards in
+    ``Context.state`` (read only; None = no state, as after a restart).
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
@@ -58,7 +67,8 @@ def decide_request(
         transcript = openai_chat.parse_request(body)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream)
-    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms)))
+    state = state_for(key) if state_for is not None else None
+    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
     if not actions or not openai_chat.apply(body, actions):
-        return RequestDecision(raw, actions, False, key, model, stream)
-    return RequestDecision(orjson.dumps(body), actions, True, key, model, stream)
+        return RequestDecision(raw, actions, False, key, model, stream, transcript)
+    return RequestDecision(orjson.dumps(body), actions, True, key, model, stream, transcript)

@@ -1,6 +1,7 @@
 """HTTP edge (aiohttp): routes, app lifecycle, forwarding and relay.
 
-Routes: ``GET /loop-guard`` (stats JSON), ``GET /loop-guard/healthz``; every other path and method
+Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
+ledger, :mod:`proxy.memory`), ``GET /loop-guard/healthz``; every other path and method
 is forwarded to the upstream (:mod:`proxy.forward`). ``POST …/chat/completions`` bodies go through
 the guards first (:func:`proxy.rewrite.decide_request`).
 
@@ -37,6 +38,7 @@ from proxy.config import Config
 from proxy.dialects.openai_chat import PATH_SUFFIX
 from proxy.guards import Guard, build_guards
 from proxy.incidents import IncidentLog
+from proxy.memory import Memory
 from proxy.observe import Stats, action_summary
 from proxy.rewrite import RequestDecision, decide_request
 
@@ -47,6 +49,8 @@ SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 #: (upstream base URL without user info, ``Authorization`` value built from that user info or None)
 UPSTREAM_KEY = web.AppKey("upstream", tuple)
 INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
+#: Per-conversation memory of the turn guard and narration (proxy.memory / proxy.state).
+MEMORY_KEY = web.AppKey("memory", Memory)
 
 log = structlog.get_logger("loopguard")
 
@@ -71,6 +75,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     _check_admin(request)
+    if "conversation" in request.query:  # one conversation's turn-guard ledger (issue 4)
+        key = request.query["conversation"]
+        memory = request.app[MEMORY_KEY]
+        view = memory.view(key, memory.clock())
+        if view is None:
+            message = f"no turn_guard ledger for conversation {key!r} (unknown, expired, or turn_guard off)"
+            return web.Response(
+                status=404, body=_error_body(message, "not_found", 404), content_type="application/json"
+            )
+        return web.json_response(view, dumps=lambda o: orjson.dumps(o).decode())
     return web.json_response(request.app[STATS_KEY].snapshot(), dumps=lambda o: orjson.dumps(o).decode())
 
 
@@ -81,18 +95,27 @@ def _guarded(request: web.Request) -> bool:
 def _decide(request: web.Request, raw: bytes) -> RequestDecision:
     app = request.app
     guards: tuple[Guard, ...] = app[GUARDS_KEY]
+    memory = app[MEMORY_KEY]
+    now_ms = memory.clock()
     try:
-        return decide_request(
+        decision = decide_request(
             raw,
             request.headers,
             guards,
             app[CONFIG_KEY].conversation_key.headers,
-            now_ms=int(time.time() * 1000),
+            now_ms=now_ms,
+            state_for=memory.state_for(now_ms),
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1
         log.error("guard_error", error=type(exc).__name__, path=request.path)
         return RequestDecision(raw, (), False)
+    try:  # remember first-seen times, narration reminders, the ledger (proxy.memory)
+        memory.commit(decision, now_ms)
+    except Exception as exc:  # fail open: a memory bug must not change the decision
+        app[STATS_KEY].internal_errors += 1
+        log.error("memory_error", error=type(exc).__name__, path=request.path)
+    return decision
 
 
 def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
@@ -244,6 +267,7 @@ def create_app(cfg: Config) -> web.Application:
     app[STATS_KEY] = Stats()
     app[GUARDS_KEY] = build_guards(cfg.guards)
     app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
+    app[MEMORY_KEY] = Memory(app[GUARDS_KEY])
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_incident_log)
     app.router.add_get("/loop-guard", stats)

@@ -13,27 +13,37 @@ from dataclasses import dataclass
 from proxy.actions import Action
 from proxy.config import GuardsConfig
 from proxy.guards.circuit_breaker import CircuitBreaker
+from proxy.guards.narration import Narration
 from proxy.guards.repeat_reminder import RepeatReminder
+from proxy.guards.turn_guard import TurnGuard
+from proxy.state import ConversationState
 from proxy.transcript import Transcript
 
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What a guard may know besides the transcript: the conversation key (DESIGN §4) and the
-    current time in ms since the epoch (for time-based rules)."""
+    """What a guard may know besides the transcript: the conversation key (DESIGN §4), the
+    current time in ms since the epoch, and the conversation's remembered state
+    (:mod:`proxy.state`; None when unknown or not kept). Only time-based rules (narration) read
+    ``now_ms`` and ``state``."""
 
     conversation: str = ""
     now_ms: int = 0
+    state: ConversationState | None = None
 
 
 Guard = Callable[[Transcript, Context], list[Action]]
 
 
 def build_guards(cfg: GuardsConfig) -> tuple[Guard, ...]:
-    """The enabled guards, in order: repeat_reminder, circuit_breaker."""
+    """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
+    (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0)."""
+    turn = cfg.turn_guard
     registry: list[tuple[bool, Callable[[], Guard]]] = [
         (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder)),
         (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker)),
+        (turn.enabled, lambda: TurnGuard(turn)),
+        (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
     ]
     return tuple(make() for enabled, make in registry if enabled)
 

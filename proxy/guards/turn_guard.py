@@ -1,0 +1,276 @@
+"""turn_guard: a per-turn ledger that withholds results and tells the model to talk to the user
+(DESIGN §6.3, issue 4).
+
+Seed: dsh-loop-guard (6 calls on one target, 3 identical calls, 5 failures in a row, 40 calls per
+turn). It catches what exact-repeat rules miss: the *rewrite loop* (edit a script, run it, edit it
+again with different content: no two calls are identical) and long runs of failing calls.
+
+Rules:
+- A turn is the run of calls after a user message (calls before the first user message form
+  turn 0). Every turn starts a fresh ledger. Calls are replayed in conversation order, parallel
+  calls of one step in listed order; every call counts, tripped ones included (the agent ran them).
+- A call *trips* when, counting it,
+  - ``same_call``: it is at least the ``max_same_call``-th call in the turn with its canonical key
+    (DESIGN §5; the free-text fields of :data:`~proxy.config.DEFAULT_IGNORE_ARGS` dropped);
+    repeats need not be consecutive;
+  - ``same_target``: it is at least the ``max_same_target``-th call in the turn on one target
+    (:mod:`proxy.targets`; tools and arguments may differ). A command target also counts as a call
+    on each of its words that is a plain (path, URL) target of this turn: ``bash {"command":
+    "python fix.py"}`` is a call on ``fix.py`` once ``write_file {"path": "fix.py"}`` is in the
+    turn, or comes later in it. A leading ``./`` is ignored (``./fix.py`` is ``fix.py``);
+  - ``failures``: at least ``max_failures`` results in a row, across any tools, were failures
+    (:mod:`proxy.failures`) among the calls of *earlier steps* of the turn (the results the model
+    had seen when it made the call). A success resets the run; a missing result neither counts nor
+    resets. Results count as the tools returned them, withheld or not;
+  - ``turn_calls``: it is call number ``max_calls_per_turn`` + 1 or later in the turn.
+  A limit of 0 is off. When several limits trip at once, the first in this order is reported.
+- A trip is a :class:`~proxy.actions.Withhold` of the call's result (none while the result has
+  not arrived), ``reason`` = the kind above, ``count``/``limit`` the evidence. The first trip of a
+  turn gets :data:`TRIP_TEXT`, telling the model to stop calling tools and answer the user (what
+  it tried, where it is stuck, what the user must decide) and naming the limit. With
+  ``mute_after_trip`` later trips in the same turn get the one-line :data:`MUTED_TEXT`.
+
+:meth:`TurnGuard.ledger` is the same replay for the current turn only, as data for
+``GET /loop-guard?conversation=KEY``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.actions import Action, Withhold
+from proxy.canonical import canonical_arguments
+from proxy.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
+from proxy.facts import annotate
+from proxy.failures import FailureRule
+from proxy.guards.repeat_reminder import preview
+from proxy.targets import TargetRule, path_key
+from proxy.transcript import ToolCall, Transcript
+
+RULE = "turn_guard"
+SAME_CALL = "same_call"
+SAME_TARGET = "same_target"
+FAILURES = "failures"
+TURN_CALLS = "turn_calls"
+
+#: The config key behind each kind of trip.
+LIMIT_KEYS = {
+    SAME_CALL: "max_same_call",
+    SAME_TARGET: "max_same_target",
+    FAILURES: "max_failures",
+    TURN_CALLS: "max_calls_per_turn",
+}
+EVIDENCE = {
+    SAME_CALL: "this is call {count} of {tool} with these same arguments in this turn.",
+    SAME_TARGET: "this is call {count} on {target} in this turn.",
+    FAILURES: "the last {count} tool results in this turn were failures.",
+    TURN_CALLS: "this is tool call {count} in this turn.",
+}
+LIMITS = {
+    SAME_CALL: "{limit} identical calls per turn",
+    SAME_TARGET: "{limit} calls on the same target per turn",
+    FAILURES: "{limit} failed results in a row",
+    TURN_CALLS: "{limit} tool calls per turn",
+}
+TRIP_TEXT = (
+    "[loopguard] The result of this call is withheld: {evidence} The limit is {limits} ({key}). "
+    "Stop calling tools now and answer the user in plain text: say what you tried, where you are "
+    "stuck, and what the user must decide or provide before you go on."
+)
+MUTED_TEXT = (
+    "[loopguard] Result withheld: over the limit of {limits} again. Stop calling tools and answer the user."
+)
+#: Characters of a target shown in a trip text (the rest is summarised).
+TARGET_PREVIEW_CHARS = 200
+#: Entries per list in a ledger summary.
+SUMMARY_TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """One tripping call: its 1-based ``index`` in the turn, the call, the kind (``reason``) and
+    the evidence; ``muted`` when it got the one-line text."""
+
+    index: int
+    call: ToolCall
+    reason: str
+    count: int
+    limit: int
+    target: str | None
+    muted: bool
+
+    def text(self) -> str:
+        limits = LIMITS[self.reason].format(limit=self.limit)
+        if self.muted:
+            return MUTED_TEXT.format(limits=limits)
+        target = preview(self.target, TARGET_PREVIEW_CHARS) if self.target else ""
+        evidence = EVIDENCE[self.reason].format(count=self.count, tool=self.call.name, target=target)
+        return TRIP_TEXT.format(evidence=evidence, limits=limits, key=LIMIT_KEYS[self.reason])
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLedger:
+    """The replay of one turn: ``turn`` (number of user messages before it), ``calls``, the
+    counts per canonical call (with each call's target) and per target (as the rule counts them,
+    command words included), the failure run after its last step, and its trips in call order."""
+
+    turn: int
+    calls: int
+    same_call: Counter[tuple[str, str]]
+    call_targets: dict[tuple[str, str], str | None]
+    same_target: Counter[str]
+    consecutive_failures: int
+    trips: tuple[Trip, ...]
+
+    def summary(self) -> dict[str, Any]:
+        """Plain data for ``GET /loop-guard?conversation=``: the calls and targets seen at least
+        twice (the top :data:`SUMMARY_TOP`; tool and target, never full arguments), the number of
+        trips and the last :data:`SUMMARY_TOP` of them."""
+        return {
+            "turn": self.turn,
+            "calls": self.calls,
+            "same_call": [
+                {"tool": key[0], "target": self.call_targets[key], "count": n}
+                for key, n in self.same_call.most_common(SUMMARY_TOP)
+                if n > 1
+            ],
+            "same_target": [
+                {"target": t, "count": n} for t, n in self.same_target.most_common(SUMMARY_TOP) if n > 1
+            ],
+            "consecutive_failures": self.consecutive_failures,
+            "trips": len(self.trips),
+            "tripped": [
+                {
+                    "call": t.index,
+                    "tool": t.call.name,
+                    "limit": LIMIT_KEYS[t.reason],
+                    "count": t.count,
+                    "value": t.limit,
+                }
+                for t in self.trips[-SUMMARY_TOP:]
+            ],
+        }
+
+
+def _fold(run: int, flags: Sequence[bool | None]) -> int:
+    """The failure run after a step's results ``flags``."""
+    for failed in flags:
+        if failed is True:
+            run += 1
+        elif failed is False:
+            run = 0
+    return run
+
+
+class TurnGuard:
+    """Guard callable: ``TurnGuard(cfg)(transcript, ctx) -> list[Withhold]``."""
+
+    __slots__ = ("_cfg", "_failures", "_ignore", "_memo", "_targets")
+
+    name = RULE
+
+    def __init__(self, cfg: TurnGuardConfig) -> None:
+        self._cfg = cfg
+        self._targets = TargetRule(overrides=cfg.targets)
+        self._failures = FailureRule(cfg.failure_patterns) if cfg.max_failures else None
+        self._ignore = frozenset(DEFAULT_IGNORE_ARGS)
+        # The current turn's ledger from the last evaluation, with the transcript it belongs to,
+        # so that ledger() right after an evaluation (the server's commit) does not replay the
+        # turn again. Only an identical transcript object hits; results never depend on it.
+        self._memo: tuple[Transcript, TurnLedger] | None = None
+
+    @property
+    def config(self) -> TurnGuardConfig:
+        return self._cfg
+
+    def replay(self, calls: Sequence[ToolCall], turn: int) -> TurnLedger:
+        """The ledger of one turn's ``calls`` (in order)."""
+        cfg = self._cfg
+        same_call: Counter[tuple[str, str]] = Counter()
+        call_targets: dict[tuple[str, str], str | None] = {}
+        on: Counter[str] = Counter()  # calls per target key, command words included
+        paths: set[str] = set()  # plain (non-command) targets of the turn so far
+        run, step, flags = 0, -1, []
+        trips: list[Trip] = []
+        for index, facts in enumerate(annotate(calls, self._targets, self._failures), 1):
+            call, target = facts.call, facts.target
+            if call.step != step:
+                run, step, flags = _fold(run, flags), call.step, []
+            flags.append(facts.failed)
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+            same_call[key] += 1
+            t_key, t_count = None, 0
+            if target is not None:
+                mine = target.value if target.is_command else path_key(target.value)
+                call_targets.setdefault(key, mine)
+                words = target.words
+                for k in words | {mine}:
+                    on[k] += 1
+                if not target.is_command:
+                    paths.add(mine)
+                t_key, t_count = mine, on[mine]
+                for w in words:
+                    if w in paths and on[w] > t_count:
+                        t_key, t_count = w, on[w]
+            else:
+                call_targets.setdefault(key, None)
+            if cfg.max_same_call and same_call[key] >= cfg.max_same_call:
+                reason, count, limit = SAME_CALL, same_call[key], cfg.max_same_call
+            elif cfg.max_same_target and t_count >= cfg.max_same_target:
+                reason, count, limit = SAME_TARGET, t_count, cfg.max_same_target
+            elif cfg.max_failures and run >= cfg.max_failures:
+                reason, count, limit = FAILURES, run, cfg.max_failures
+            elif cfg.max_calls_per_turn and index > cfg.max_calls_per_turn:
+                reason, count, limit = TURN_CALLS, index, cfg.max_calls_per_turn
+            else:
+                continue
+            muted = cfg.mute_after_trip and bool(trips)
+            trips.append(Trip(index, call, reason, count, limit, t_key, muted))
+        targets = Counter({t: on[t] for t in call_targets.values() if t is not None})
+        return TurnLedger(turn, len(calls), same_call, call_targets, targets, _fold(run, flags), tuple(trips))
+
+    def ledger(self, transcript: Transcript) -> TurnLedger:
+        """The ledger of the current turn (the one after the last user message)."""
+        memo, self._memo = self._memo, None  # used at most once: the transcript is not kept
+        if memo is not None and memo[0] is transcript:
+            return memo[1]
+        turn = len(transcript.user_positions)
+        calls = [c for c in transcript.calls if c.turn == turn]
+        return self.replay(calls, turn)
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        actions: list[Action] = []
+        calls = transcript.calls
+        current = len(transcript.user_positions)
+        last = TurnLedger(current, 0, Counter(), {}, Counter(), 0, ())
+        i = 0
+        while i < len(calls):
+            j = i
+            while j < len(calls) and calls[j].turn == calls[i].turn:
+                j += 1
+            ledger = self.replay(calls[i:j], calls[i].turn)
+            if ledger.turn == current:
+                last = ledger
+            for trip in ledger.trips:
+                call = trip.call
+                if call.result is None:
+                    continue
+                actions.append(
+                    Withhold(
+                        position=call.result.position,
+                        call_id=call.call_id,
+                        text=trip.text(),
+                        rule=RULE,
+                        tool=call.name,
+                        count=trip.count,
+                        limit=trip.limit,
+                        fresh=transcript.is_fresh(call.step),
+                        reason=trip.reason,
+                    )
+                )
+            i = j
+        self._memo = (transcript, last)
+        return actions

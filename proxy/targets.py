@@ -1,0 +1,135 @@
+"""Target of a tool call (DESIGN §6.3, §6.5): the file, command or URL a call acts on.
+
+The target is the value of the first *present* argument among the configured names (default
+:data:`DEFAULT_TARGET_ARGS`; a per-tool override replaces that list for the tools it names),
+whitespace-normalized: leading and trailing whitespace removed, every inner run of whitespace
+collapsed to one space. "Present" means the argument holds a non-blank string, a number, or a
+list of strings and numbers (an argv such as ``["python", "fix.py"]``, joined with spaces);
+anything else (null, an object, a boolean, ``""``) is skipped and the next name is tried. A call
+whose arguments are not a JSON object, or that has none of the names, has no target.
+
+Per-tool overrides (``targets: {my_tool: [arg, …]}``) are keyed by tool-name pattern (DESIGN §6:
+whole name, case-sensitive, ``*`` the only wildcard). An exact name wins over a wildcard pattern;
+among wildcard patterns the first listed wins. ``my_tool: []`` gives that tool no target.
+
+A target taken from a ``command`` or ``cmd`` argument is a *command target*; its
+:attr:`Target.words` are the words of the command (split on whitespace and the shell operators
+``; & | < > ( )`` and backquotes, quotes stripped, a leading ``./`` dropped), so that a rule can
+tell that ``python fix.py`` runs the file that ``write_file {"path": "fix.py"}`` wrote.
+:func:`path_key` applies the same ``./`` rule to a plain target.
+
+Pure functions over decoded arguments; never raise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.patterns import NamePatterns
+
+DEFAULT_TARGET_ARGS = (
+    "path",
+    "file_path",
+    "filepath",
+    "file",
+    "filename",
+    "target_file",
+    "notebook_path",
+    "command",
+    "cmd",
+    "url",
+)
+#: Argument names whose value is a shell command (its target is a command target).
+COMMAND_ARGS = frozenset({"command", "cmd"})
+
+_SPACE = re.compile(r"\s+")
+_WORD_SPLIT = re.compile(r"[\s;&|<>()`]+")
+
+
+def normalize(value: Any) -> str | None:
+    """The whitespace-normalized text of an argument value, or None when it is not a usable target
+    (see the module docstring)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        text = _SPACE.sub(" ", value).strip()
+        return text or None
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)
+    ):
+        return normalize(" ".join(str(v) for v in value))
+    return None
+
+
+def path_key(text: str) -> str:
+    """``text`` with surrounding quotes and a leading ``./`` removed (``./fix.py`` → ``fix.py``)."""
+    text = text.strip("'\"")
+    while text.startswith("./") and len(text) > 2:
+        text = text[2:]
+    return text
+
+
+def command_words(command: str) -> frozenset[str]:
+    """The words of a shell command as :func:`path_key` forms: ``cd src && python ./fix.py`` →
+    ``{"cd", "src", "python", "fix.py"}``."""
+    return frozenset(w for w in (path_key(p) for p in _WORD_SPLIT.split(command)) if w)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """``value``: the normalized target text. ``arg``: the argument it came from."""
+
+    value: str
+    arg: str
+
+    @property
+    def is_command(self) -> bool:
+        return self.arg in COMMAND_ARGS
+
+    @property
+    def words(self) -> frozenset[str]:
+        """The command's words (:func:`command_words`) for a command target, else empty."""
+        return command_words(self.value) if self.is_command else frozenset()
+
+
+class TargetRule:
+    """Finds the target of a call: ``TargetRule()("write_file", {"path": "fix.py"})`` →
+    ``Target("fix.py", "path")``. ``overrides`` maps tool-name patterns to argument-name lists."""
+
+    __slots__ = ("_args", "_exact", "_wild")
+
+    def __init__(
+        self,
+        args: Sequence[str] = DEFAULT_TARGET_ARGS,
+        overrides: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self._args = tuple(args)
+        overrides = overrides or {}
+        self._exact = {k: tuple(v) for k, v in overrides.items() if "*" not in k}
+        self._wild = [(NamePatterns([k]), tuple(v)) for k, v in overrides.items() if "*" in k]
+
+    def arg_names(self, tool: str) -> tuple[str, ...]:
+        """The argument names tried, in order, for ``tool``."""
+        if tool in self._exact:
+            return self._exact[tool]
+        for pattern, names in self._wild:
+            if pattern.matches(tool):
+                return names
+        return self._args
+
+    def __call__(self, tool: str, arguments: Any) -> Target | None:
+        if not isinstance(arguments, dict):
+            return None
+        for name in self.arg_names(tool):
+            if name in arguments:
+                value = normalize(arguments[name])
+                if value is not None:
+                    return Target(value, name)
+        return None
