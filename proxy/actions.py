@@ -6,7 +6,11 @@
 - :class:`Withhold` replaces the content of the tool result at message index ``position``;
   ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
   or ``"cap"``), for stats and the incident log.
-- :class:`Stop` (response side) ends the agent's turn.
+- :class:`Stop` (response side) ends the agent's turn; ``reason`` is ``"denials"`` (a call the
+  guards would deny after ignored denials) or ``"cap"`` (the lifetime cap).
+- :class:`Cut` (response side) shortens a response: ``rule`` ``"runaway"`` (``reason`` ``"calls"``
+  or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
+  ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
@@ -55,7 +59,20 @@ class Stop:
     count: int
     limit: int | None
     fresh: bool = True
+    reason: str = ""
     kind: ClassVar[str] = "stop"
 
 
-Action = Remind | Withhold | Stop
+@dataclass(frozen=True, slots=True)
+class Cut:
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    reason: str = ""
+    applied: bool = True
+    fresh: bool = True
+    kind: ClassVar[str] = "cut"
+
+
+Action = Remind | Withhold | Stop | Cut

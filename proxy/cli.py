@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="YAML config file (see config/loopguard.yaml)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d = sub.add_parser("demo", help="watch the proxy catch a looping agent (no model server needed)")
-    d.add_argument("--steps", type=int, default=9, help="tool calls the scripted model makes")
+    d.add_argument(
+        "--steps", type=int, default=20, help="tool calls the scripted model makes before giving up"
+    )
     d.add_argument("--config", help="YAML config file to run the demo with")
     c = sub.add_parser("check-config", help="validate a config file and print the effective config")
     c.add_argument("file")

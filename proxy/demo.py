@@ -3,8 +3,10 @@
 Starts, in this process: a scripted model (an aiohttp app speaking OpenAI chat completions that
 answers every request with the same ``read_file`` call, ``steps`` times, then a final answer), the
 real loopguard server in front of it, and a small agent loop that runs the tool and sends the
-history back through the proxy. After each step it prints what the agent sent and what the proxy
-changed on the way to the model (injected reminders, withheld results), found by comparing the two.
+history back through the proxy until the model answers without a tool call. After each step it
+prints what the proxy changed on the way to the model (injected reminders, withheld results), found
+by comparing what the agent sent with what the model received, and, when the proxy ends the turn
+(the response-side stop), the final answer the agent got instead of the model's next call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import structlog
 from aiohttp import web
 
 from proxy.config import Config, ListenConfig
@@ -26,7 +29,9 @@ ARGS = '{"path": "config.yaml"}'
 FINAL = "I read config.yaml several times; it looks fine, so the failure is elsewhere."
 
 
-def _scripted_model(steps: int, seen: list[list[dict[str, Any]]]) -> web.Application:
+def _scripted_model(
+    steps: int, seen: list[list[dict[str, Any]]], answers: list[dict[str, Any]]
+) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
         seen.append(body["messages"])
@@ -46,6 +51,7 @@ def _scripted_model(steps: int, seen: list[list[dict[str, Any]]]) -> web.Applica
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": FINAL}, "stop"
+        answers.append(message)
         return web.json_response(
             {
                 "id": f"chatcmpl-demo-{n}",
@@ -90,10 +96,11 @@ def _show(label: str, text: str) -> None:
         print(textwrap.indent(textwrap.fill(line, 88) if line else "", "          | "))
 
 
-async def run_demo(cfg: Config, steps: int = 9) -> int:
+async def run_demo(cfg: Config, steps: int = 20) -> int:
     """Run the demo and print it. Returns the process exit code (0)."""
     seen: list[list[dict[str, Any]]] = []
-    model = web.AppRunner(_scripted_model(steps, seen), access_log=None)
+    seen_answers: list[dict[str, Any]] = []
+    model = web.AppRunner(_scripted_model(steps, seen, seen_answers), access_log=None)
     await model.setup()
     site = web.TCPSite(model, "127.0.0.1", 0)
     await site.start()
@@ -103,6 +110,7 @@ async def run_demo(cfg: Config, steps: int = 9) -> int:
         listen=ListenConfig(host="127.0.0.1", port=0),
         upstream=dataclasses.replace(cfg.upstream, url=model_url),
     )
+    saved_logging = structlog.get_config()
     configure_logging("warning")  # the per-request log lines would drown the conversation
     runner, port = await start(cfg)
     proxy_url = f"http://127.0.0.1:{port}"
@@ -135,6 +143,14 @@ async def run_demo(cfg: Config, steps: int = 9) -> int:
                         _show("loopguard appended to that result:", text)
                 msg = answer["choices"][0]["message"]
                 messages.append(msg)
+                if not msg.get("tool_calls") and msg.get("content") != FINAL:
+                    fn = seen_answers[-1]["tool_calls"][0]["function"]
+                    print(f"step {step:<2} the model called {fn['name']} {fn['arguments']} again")
+                    _show(
+                        "loopguard ended the turn: the agent got this final answer, with no tool call:",
+                        str(msg.get("content")),
+                    )
+                    break
                 if not msg.get("tool_calls"):
                     print(f"assistant: {msg.get('content')}")
                     break
@@ -147,6 +163,7 @@ async def run_demo(cfg: Config, steps: int = 9) -> int:
     finally:
         await runner.cleanup()
         await model.cleanup()
+        structlog.configure(**saved_logging)
     print(f"\nGET /loop-guard: {orjson.dumps(stats).decode()}")
     print("Next: `loopguard serve --upstream http://127.0.0.1:8080/v1` and point your agent at it.")
     return 0

@@ -1,10 +1,12 @@
-"""Incident records of the circuit breaker (DESIGN §6.2): one per conversation and denial kind.
+"""Incident records (DESIGN §6.2): one per conversation and kind.
 
-An *incident* is the first denial of a kind (``duplicate``, ``cap``) in a conversation, recorded
-once, when it is decided. Which denials qualify is derived from the request alone
-(:func:`first_fresh_denials`): the denial must be fresh (it concerns the newest step) and no earlier
-denial of that kind may exist among the re-derived ones. So once a conversation's history shows a
-denial, later requests never record it again, across a proxy restart too.
+An *incident* is the first circuit-breaker denial of a kind (``duplicate``, ``cap``) or the first
+response-side stop (kind ``stop``, :mod:`proxy.response`) in a conversation, recorded once, when it
+is decided. Which actions qualify is derived from the request alone (:func:`first_fresh_denials`):
+the action must be fresh (it concerns the newest step) and no earlier action of that kind may exist
+among the re-derived ones (for stops: the stop texts already in the history,
+:func:`proxy.response.earlier_stops`). So once a conversation's history shows one, later requests
+never record it again, across a proxy restart too.
 
 The one case the history cannot tell apart is a client retry of the very request that carried the
 fresh denial; a bounded in-memory set of ``(agent, kind)`` already recorded (least recently used
@@ -32,7 +34,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.actions import Action, Withhold
+from proxy.actions import Action, Stop, Withhold
 from proxy.guards.circuit_breaker import RULE
 
 log = structlog.get_logger("loopguard")
@@ -64,16 +66,30 @@ def iso_utc(ms: int) -> str:
     return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def first_fresh_denials(actions: Iterable[Action]) -> list[Withhold]:
-    """The circuit-breaker denials of one request that are incidents: for each kind, the first
-    denial of that kind, kept only when it is fresh. Pure; in action (= call) order."""
+#: The incident kind of a response-side :class:`~proxy.actions.Stop`.
+STOP_KIND = "stop"
+
+
+def incident_kind(a: Action) -> str | None:
+    """``duplicate``/``cap`` for a circuit-breaker denial, ``stop`` for a stop, else None."""
+    if isinstance(a, Withhold) and a.rule == RULE:
+        return a.reason
+    if isinstance(a, Stop):
+        return STOP_KIND
+    return None
+
+
+def first_fresh_denials(actions: Iterable[Action]) -> list[Withhold | Stop]:
+    """The actions of one request that are incidents: for each kind (:func:`incident_kind`), the
+    first action of that kind, kept only when it is fresh. Pure; in action (= call) order."""
     kinds: set[str] = set()
-    out: list[Withhold] = []
+    out: list[Withhold | Stop] = []
     for a in actions:
-        if not isinstance(a, Withhold) or a.rule != RULE or a.reason in kinds:
+        kind = incident_kind(a)
+        if kind is None or kind in kinds:
             continue
-        kinds.add(a.reason)
-        if a.fresh:
+        kinds.add(kind)
+        if a.fresh and isinstance(a, Withhold | Stop):
             out.append(a)
     return out
 
@@ -101,14 +117,15 @@ class IncidentLog:
         queued for writing and remembered so a retry of the same request records nothing."""
         out: list[Incident] = []
         for w in first_fresh_denials(actions):
-            key = (agent, w.reason)
+            kind = incident_kind(w) or ""
+            key = (agent, kind)
             if key in self._seen:
                 self._seen.move_to_end(key)
                 continue
             self._seen[key] = None
             if len(self._seen) > self._max_keys:
                 self._seen.popitem(last=False)
-            incident = Incident(iso_utc(now_ms), w.reason, w.tool, w.count, w.limit, agent)
+            incident = Incident(iso_utc(now_ms), kind, w.tool, w.count, w.limit, agent)
             out.append(incident)
             if self._queue is not None:
                 self._queue.put_nowait(orjson.dumps(incident.as_dict()) + b"\n")

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from proxy.actions import Action, Withhold
+from proxy.actions import Action, Cut, Stop, Withhold
 from proxy.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -57,11 +57,13 @@ def configure_logging(level: str = "info") -> None:
 
 
 def action_summary(a: Action) -> dict[str, Any]:
-    """The loggable evidence of an action: rule, kind, tool, count, limit, and the withhold
-    ``reason`` when it has one (no texts)."""
+    """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
+    has one (withhold, stop, cut), and ``applied: false`` for a cut only reported (no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
-    if isinstance(a, Withhold) and a.reason:
+    if isinstance(a, Withhold | Stop | Cut) and a.reason:
         out["reason"] = a.reason
+    if isinstance(a, Cut) and not a.applied:
+        out["applied"] = False
     return out
 
 
@@ -78,6 +80,9 @@ class Stats:
     rewritten_requests: int = 0
     reminders_injected: int = 0
     results_withheld: int = 0
+    #: response side: turns ended (Stop), responses cut (runaway / degenerate text, applied ones)
+    stops: int = 0
+    responses_cut: int = 0
     internal_errors: int = 0
     upstream_errors: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
@@ -95,6 +100,10 @@ class Stats:
                 self.results_withheld += 1
                 if isinstance(a, Withhold) and a.reason:
                     self.withhold_kinds[a.reason] += 1
+            elif a.kind == "stop":
+                self.stops += 1
+            elif isinstance(a, Cut) and a.applied:
+                self.responses_cut += 1
 
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
@@ -107,6 +116,8 @@ class Stats:
             "rewritten_requests": self.rewritten_requests,
             "reminders_injected": self.reminders_injected,
             "results_withheld": self.results_withheld,
+            "stops": self.stops,
+            "responses_cut": self.responses_cut,
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
             "per_rule": dict(sorted(self.per_rule.items())),

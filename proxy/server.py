@@ -7,7 +7,9 @@ the guards first (:func:`proxy.rewrite.decide_request`).
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
-  chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded.
+  chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded, except that
+  answers to chat completions go through the response side (:mod:`proxy.relay`: tool-call deltas
+  held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
   at once, so a local model server stops generating.
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
@@ -33,7 +35,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import forward
+from proxy import forward, relay
 from proxy.config import Config
 from proxy.dialects.openai_chat import PATH_SUFFIX
 from proxy.guards import Guard, build_guards
@@ -163,7 +165,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     try:
-        return await _forward(request, url, headers, decision.body, fields, t_send)
+        return await _forward(request, url, headers, decision.body, fields, t_send, decision)
     except asyncio.CancelledError:
         fields["disconnected"] = True  # the agent went away; the upstream request is closed
         raise
@@ -179,8 +181,10 @@ async def _forward(
     body: bytes,
     fields: dict[str, Any],
     t_send: float,
+    decision: RequestDecision | None = None,
 ) -> web.StreamResponse:
-    """Send the request upstream and relay the response; fills ``fields`` for the log line."""
+    """Send the request upstream and relay the response; fills ``fields`` for the log line.
+    Answers to chat completions go through the response side (:mod:`proxy.relay`)."""
     app = request.app
     st = app[STATS_KEY]
     base, auth = app[UPSTREAM_KEY]
@@ -209,13 +213,25 @@ async def _forward(
         )
 
     fields.update(status=upstream.status, upstream_ms=round((time.perf_counter() - t_send) * 1000, 3))
+    side: relay.ResponseSide | None = None
+    try:
+        side = relay.plan(_guarded(request), upstream, decision, app[GUARDS_KEY], app[CONFIG_KEY])
+    except Exception as exc:  # fail open: relay the answer as is
+        relay.failed(st, "plan", exc)
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
-        await response.prepare(request)
         try:
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            if side is None:
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            elif side.kind == "json":
+                await relay.relay_json(request, upstream, response, side, st)
+            else:
+                response.headers.popall("Content-Length", None)  # the body may change
+                await response.prepare(request)
+                await relay.relay_sse(upstream, response, side, st)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             st.upstream_errors += 1
             fields["upstream_error"] = type(exc).__name__
@@ -238,6 +254,9 @@ async def _forward(
         return response
     finally:
         upstream.close()
+        if side is not None:
+            conversation = decision.conversation if decision is not None else ""
+            relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields)
 
 
 async def _incident_log(app: web.Application) -> AsyncIterator[None]:

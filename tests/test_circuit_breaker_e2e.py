@@ -93,7 +93,10 @@ async def serve(config: dict[str, Any], upstream_url: str) -> AsyncIterator[tupl
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_sdk_loop_20_calls(upstream: FakeUpstream, make_proxy, tmp_path: Path, stream: bool) -> None:
     path = tmp_path / "incidents.jsonl"
-    base = await make_proxy({"guards": {"circuit_breaker": {"incident_log": str(path)}}})
+    # The response-side stop would end this loop at call 9 (tests/test_response_e2e.py): off here.
+    base = await make_proxy(
+        {"guards": {"circuit_breaker": {"incident_log": str(path)}}, "stop": {"after_ignored_denials": 0}}
+    )
     client = AsyncOpenAI(
         base_url=f"{base}/v1", api_key="sk-test", default_headers={"x-session-id": "agent-7"}
     )
@@ -170,7 +173,10 @@ async def test_restarted_proxy_rewrites_identically_and_logs_no_duplicate(
     upstream: FakeUpstream, tmp_path: Path, stream: bool
 ) -> None:
     path = tmp_path / "incidents.jsonl"
-    config = {"guards": {"circuit_breaker": {"incident_log": str(path)}}}
+    config = {
+        "guards": {"circuit_breaker": {"incident_log": str(path)}},
+        "stop": {"after_ignored_denials": 0},  # the response-side stop would end the loop at 9
+    }
     async with serve(config, upstream.url) as (base, _):
         client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test")
         messages = await agent_loop(client, 10, stream)  # the last request carries 9 calls

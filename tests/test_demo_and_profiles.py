@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.config import Config, load_config
+from proxy.config import Config, build, load_config
 from proxy.demo import changes, run_demo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,11 +24,17 @@ def _events(out: str) -> list[tuple[int, str]]:
             events.append((step, "injected"))
         elif "loopguard withheld" in line:
             events.append((step, "withheld"))
+        elif "loopguard ended the turn" in line:
+            events.append((step, "stopped"))
     return events
 
 
-async def test_demo_prints_reminders_at_3_5_8_and_denials_from_7(capsys: pytest.CaptureFixture[str]) -> None:
-    assert await run_demo(Config(), steps=9) == 0
+async def test_demo_prints_reminders_at_3_5_8_denials_from_7_and_the_stop_at_9(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The scripted model would loop 20 times; with the defaults the stop ends the agent's loop
+    at its 9th call (2 withheld results ignored in the turn)."""
+    assert await run_demo(Config()) == 0
     out = capsys.readouterr().out
     assert _events(out) == [
         (3, "injected"),
@@ -36,14 +42,30 @@ async def test_demo_prints_reminders_at_3_5_8_and_denials_from_7(capsys: pytest.
         (7, "withheld"),
         (8, "withheld"),
         (8, "injected"),
-        (9, "withheld"),
+        (9, "stopped"),
     ]
     assert "| - consecutive_calls: 5" in out
     assert "| - consecutive_calls: 8" in out
+    assert out.count('assistant calls read_file {"path": "config.yaml"}') == 8
+    assert 'step 9  the model called read_file {"path": "config.yaml"} again' in out
+    assert "| [loopguard] Stopped: the model kept calling read_file (9 times) and ignored 2" in out
+    assert "assistant: I read config.yaml several times" not in out
+    assert '"reminders_injected":3' in out
+    assert '"results_withheld":2' in out
+    assert '"stops":1' in out
+    assert '"per_rule":{"circuit_breaker":2,"repeat_reminder":3,"stop":1}' in out
+
+
+async def test_demo_without_the_stop_runs_until_the_model_gives_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cfg = build(Config, {"stop": {"after_ignored_denials": 0}})
+    await run_demo(cfg, steps=9)
+    out = capsys.readouterr().out
+    assert _events(out)[-1] == (9, "withheld")
     assert out.count('assistant calls read_file {"path": "config.yaml"}') == 9
     assert "assistant: I read config.yaml several times" in out
-    assert '"reminders_injected":3' in out
-    assert '"results_withheld":3' in out
+    assert '"stops":0' in out
 
 
 async def test_demo_with_reminder_only_profile_withholds_nothing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,197 @@
+"""The response side at the edge (aiohttp): relay a chat-completion answer through the guards.
+
+Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` with status 200,
+``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
+A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
+re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
+for compression get exactly what the upstream sent). Everything else is plain passthrough.
+
+- SSE (:func:`relay_sse`): each upstream read goes through :class:`proxy.stream_guard.StreamGuard`
+  and what it returns is written at once. On ``abort`` (runaway or degenerate cut) the upstream
+  response is closed before the final bytes are written, so the server stops generating.
+- JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide_json`)
+  and then written, rewritten or as the original bytes.
+- Fail open: an exception in the response-side logic is logged (no content) and counted in
+  ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
+  rest of the response is relayed as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from proxy.actions import Action, Stop
+from proxy.config import Config
+from proxy.guards import Context, Guard
+from proxy.incidents import IncidentLog
+from proxy.observe import Stats, action_summary
+from proxy.response import StopJudge, decide_json, earlier_stops
+from proxy.rewrite import RequestDecision
+from proxy.stream_guard import StreamGuard
+
+log = structlog.get_logger("loopguard")
+
+
+@dataclass
+class ResponseSide:
+    """What the response side needs for one request, and the actions it took."""
+
+    kind: str  # "sse" | "json"
+    cfg: Config
+    judge: StopJudge | None
+    actions: list[Action] = field(default_factory=list)
+
+
+def enabled(cfg: Config) -> bool:
+    r = cfg.response
+    return bool(
+        StopJudge.enabled(cfg)
+        or r.max_calls_per_response
+        or r.max_identical_per_response
+        or r.degenerate_text.enabled
+    )
+
+
+def plan(
+    guarded: bool,
+    upstream: aiohttp.ClientResponse,
+    decision: RequestDecision | None,
+    guards: tuple[Guard, ...],
+    cfg: Config,
+) -> ResponseSide | None:
+    """The response side for this upstream response, or None for plain passthrough."""
+    if not guarded or upstream.status != 200 or not enabled(cfg):
+        return None
+    if "content-encoding" in upstream.headers:
+        return None
+    ctype = upstream.content_type
+    if ctype == "text/event-stream":
+        kind = "sse"
+    elif ctype == "application/json":
+        kind = "json"
+    else:
+        return None
+    judge = None
+    if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
+        ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
+        judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
+    return ResponseSide(kind, cfg, judge)
+
+
+def failed(stats: Stats, where: str, exc: Exception) -> None:
+    stats.internal_errors += 1
+    log.error("response_guard_error", error=type(exc).__name__, where=where)
+
+
+async def relay_sse(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
+) -> None:
+    """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
+    caller ends the agent's stream with an error event) after the held bytes are released."""
+    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge)
+    unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
+    try:
+        async for chunk in upstream.content.iter_any():
+            if guard is None:
+                await response.write(chunk)
+                continue
+            try:
+                out = guard.feed(chunk)
+                unsettled += chunk
+                del unsettled[: len(unsettled) - (guard.received - guard.settled)]
+            except Exception as exc:  # fail open: forward what is pending, then relay as is
+                failed(stats, "sse", exc)
+                side.actions.extend(guard.actions)
+                guard = None
+                await response.write(bytes(unsettled) + chunk)
+                continue
+            if out.abort:
+                upstream.close()  # the server stops generating now
+            if out.data:
+                await response.write(out.data)
+            if out.abort:
+                return
+        if guard is not None:
+            try:
+                tail = guard.finish()
+            except Exception as exc:
+                failed(stats, "sse", exc)
+                tail = bytes(unsettled)
+            if tail:
+                await response.write(tail)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        if guard is not None:
+            try:
+                held = guard.release()
+            except Exception as exc:
+                failed(stats, "sse", exc)
+                held = bytes(unsettled)
+            if held:
+                await response.write(held)
+        raise
+    finally:
+        if guard is not None:
+            side.actions.extend(guard.actions)
+
+
+async def relay_json(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    side: ResponseSide,
+    stats: Stats,
+) -> None:
+    """Buffer a JSON body, decide, write it (prepares ``response``). An upstream read error
+    propagates after the bytes received so far are written unchanged."""
+    body = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():
+            body += chunk
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        await response.prepare(request)
+        await response.write(bytes(body))
+        raise
+    raw = bytes(body)
+    try:
+        new, actions = decide_json(raw, side.judge, side.cfg)
+        side.actions.extend(actions)
+    except Exception as exc:
+        failed(stats, "json", exc)
+        new = None
+    if new is not None:
+        response.headers.popall("Content-Length", None)
+        response.content_length = len(new)
+    await response.prepare(request)
+    await response.write(raw if new is None else new)
+
+
+def record(
+    side: ResponseSide,
+    stats: Stats,
+    incidents: IncidentLog,
+    conversation: str,
+    request_body: bytes,
+    fields: dict[str, Any],
+) -> None:
+    """Count and log the response side's actions; a stop that is the conversation's first (no
+    earlier stop in its history, :func:`proxy.response.earlier_stops`) is an incident."""
+    if not side.actions:
+        return
+    stats.record_actions(side.actions)
+    fields.setdefault("actions", []).extend(action_summary(a) for a in side.actions)
+    if not any(isinstance(a, Stop) for a in side.actions):
+        return
+    try:
+        history = earlier_stops(request_body, side.cfg.stop)
+        found = incidents.record([*history, *side.actions], conversation, now_ms=int(time.time() * 1000))
+    except Exception as exc:  # fail open, like the request side
+        failed(stats, "incident", exc)
+        return
+    stats.record_incidents(found)

@@ -1,0 +1,317 @@
+"""The response side's decisions, as pure functions over plain data (DESIGN §6.4).
+
+- **Stop** (:class:`StopJudge`): the response's calls are appended to the request's transcript as
+  one more step, with empty placeholder results, and the request-side guards are asked whether
+  they would withhold any of them (the same :func:`proxy.guards.evaluate`, no guard logic
+  duplicated here; a call's verdict never depends on its own result). The turn is stopped when
+  - a call would be denied and the current turn (after the last user message) already has
+    ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
+  - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
+    (kind ``cap``).
+  A user message starts a new turn (no withheld results yet), so a stopped conversation the user
+  continues is guarded afresh; the cap is never reset. The judge only runs the guards when one of
+  the two can fire (enough withheld results, or enough calls in the conversation to reach the cap),
+  so most responses cost nothing.
+- **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
+  ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
+  ignored) beyond ``max_identical_per_response``; that call and everything after it are dropped.
+  The stream relay applies the same rule as calls complete, so JSON and SSE agree.
+- **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
+
+:func:`decide_json` rewrites a whole ``chat.completion`` body; the streaming counterpart is
+:mod:`proxy.stream_guard`. :func:`earlier_stops` finds the stops already in a conversation's
+history (for the first-stop-per-conversation incident record).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.actions import Action, Cut, Stop, Withhold
+from proxy.assemble import AssembledCall
+from proxy.canonical import canonical_arguments, parse_arguments
+from proxy.config import Config, ResponseConfig, StopConfig
+from proxy.degenerate import RepetitionDetector
+from proxy.guards import Context, Guard, evaluate
+from proxy.guards.circuit_breaker import CAP
+from proxy.guards.circuit_breaker import RULE as BREAKER
+from proxy.transcript import Step, ToolCall, ToolResult, Transcript
+
+STOP_RULE = "stop"
+RUNAWAY_RULE = "runaway"
+DEGENERATE_RULE = "degenerate_text"
+DENIALS = "denials"
+
+DENIALS_TEXT = (
+    "[loopguard] Stopped: the model kept calling {tool} ({count} times) and ignored {denials} "
+    "withheld results, so loopguard ended its turn here; that last call was not run. "
+    "Send a message to continue."
+)
+CAP_TEXT = (
+    "[loopguard] Stopped: this conversation reached loopguard's limit of {limit} tool calls (the "
+    "model wanted to call {tool} again), so loopguard ended its turn here; that call was not run. "
+    "Start a new conversation to continue."
+)
+
+#: Fields of a message or delta that carry reasoning text (llama.cpp/DeepSeek, vLLM/OpenRouter).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def stop_template(cfg: StopConfig, kind: str) -> str:
+    return cfg.message or (CAP_TEXT if kind == CAP else DENIALS_TEXT)
+
+
+def call_key(call: AssembledCall) -> tuple[str, str]:
+    """Identity of a call within one response: name and canonical arguments (nothing ignored)."""
+    raw = call.arguments
+    return call.name, canonical_arguments(parse_arguments(raw), raw)
+
+
+def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) -> tuple[Transcript, set[int]]:
+    """``transcript`` plus one step: an assistant message at the end with ``calls``, each answered
+    by an empty placeholder result. Returns it and the placeholder results' positions."""
+    pos = transcript.message_count
+    turn = len(transcript.user_positions)
+    step_index = len(transcript.steps)
+    first = len(transcript.calls)
+    new = tuple(
+        ToolCall(
+            seq=first + i,
+            step=step_index,
+            turn=turn,
+            position=pos,
+            call_id=c.id,
+            name=c.name,
+            arguments_raw=c.arguments,
+            arguments=parse_arguments(c.arguments),
+            result=ToolResult(pos + 1 + i, ""),
+        )
+        for i, c in enumerate(calls)
+    )
+    step = Step(step_index, pos, tuple(c.seq for c in new), pos + len(new))
+    extended = dataclasses.replace(
+        transcript,
+        calls=transcript.calls + new,
+        steps=(*transcript.steps, step),
+        message_count=pos + 1 + len(new),
+        newest_step=step_index,
+    )
+    return extended, {pos + 1 + i for i in range(len(new))}
+
+
+class StopJudge:
+    """``judge(calls) -> Stop | None`` for one request: would these response calls end the turn?"""
+
+    __slots__ = ("_after", "_cap", "_cfg", "_ctx", "_guards", "_transcript", "withheld")
+
+    def __init__(
+        self,
+        transcript: Transcript,
+        request_actions: Sequence[Action],
+        guards: Sequence[Guard],
+        ctx: Context,
+        cfg: Config,
+    ) -> None:
+        self._transcript = transcript
+        self._guards = guards
+        self._ctx = ctx
+        self._cfg = cfg.stop
+        self._after = cfg.stop.after_ignored_denials
+        breaker = cfg.guards.circuit_breaker
+        self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
+        last_user = transcript.user_positions[-1] if transcript.user_positions else -1
+        #: withheld results in the current turn of the request (fresh and re-derived)
+        self.withheld = len(
+            {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
+        )
+
+    @staticmethod
+    def enabled(cfg: Config) -> bool:
+        breaker = cfg.guards.circuit_breaker
+        cap = cfg.stop.on_cap and breaker.enabled and breaker.max_calls_per_agent > 0
+        return cfg.stop.after_ignored_denials > 0 or cap
+
+    def __call__(self, calls: Sequence[AssembledCall]) -> Stop | None:
+        if not calls:
+            return None
+        by_denials = 0 < self._after <= self.withheld
+        by_cap = 0 < self._cap < len(self._transcript.calls) + len(calls)
+        if not (by_denials or by_cap):
+            return None
+        extended, pending = with_pending_step(self._transcript, calls)
+        denied = sorted(
+            (a for a in evaluate(extended, self._guards, self._ctx) if isinstance(a, Withhold)),
+            key=lambda a: a.position,
+        )
+        denied = [a for a in denied if a.position in pending]
+        capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
+        if by_cap and capped:
+            return self._stop(CAP, capped[0], capped[0].limit)
+        if by_denials and denied:
+            return self._stop(DENIALS, denied[0], self._after)
+        return None
+
+    def _stop(self, kind: str, w: Withhold, limit: int | None) -> Stop:
+        text = stop_template(self._cfg, kind).format(
+            tool=w.tool, count=w.count, limit=limit, kind=kind, denials=self.withheld
+        )
+        return Stop(text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind)
+
+
+def runaway_cut(
+    calls: Sequence[AssembledCall], cfg: ResponseConfig, complete: int | None = None
+) -> Cut | None:
+    """The runaway rule over the first ``complete`` calls (all by default), plus the count limit
+    over all of them. Returns a :class:`Cut` whose ``count`` is the number of calls kept, or None."""
+    n_complete = len(calls) if complete is None else complete
+    cut_at: int | None = None
+    reason = ""
+    tool = ""
+    limit: int | None = None
+    if cfg.max_identical_per_response:
+        seen: Counter[tuple[str, str]] = Counter()
+        for i, call in enumerate(calls[:n_complete]):
+            key = call_key(call)
+            seen[key] += 1
+            if seen[key] > cfg.max_identical_per_response:
+                cut_at, reason, tool, limit = i, "identical", call.name, cfg.max_identical_per_response
+                break
+    max_calls = cfg.max_calls_per_response
+    if max_calls and len(calls) > max_calls and (cut_at is None or max_calls < cut_at):
+        cut_at, reason, tool, limit = max_calls, "calls", calls[max_calls].name, max_calls
+    if cut_at is None:
+        return None
+    return Cut(rule=RUNAWAY_RULE, tool=tool, count=cut_at, limit=limit, reason=reason)
+
+
+def detect_text(text: str, cfg: Config) -> int | None:
+    """Repeats of the degenerate span ending ``text``, or None (a whole text, non-streaming)."""
+    dcfg = cfg.response.degenerate_text
+    if not dcfg.enabled or not text:
+        return None
+    det = RepetitionDetector(dcfg)
+    det.feed(text)
+    rep = det.check()
+    return rep.repeats if rep else None
+
+
+def append_text(content: Any, text: str) -> Any:
+    """``content`` with ``text`` after it (a blank line between), for the final message."""
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": text}]
+    if isinstance(content, str) and content:
+        return f"{content}\n\n{text}"
+    return text
+
+
+def message_calls(message: dict[str, Any]) -> list[AssembledCall]:
+    """The calls of a complete (non-streamed) assistant message."""
+    out: list[AssembledCall] = []
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, list):
+        for i, tc in enumerate(tool_calls):
+            if not isinstance(tc, dict):
+                continue
+            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            cid = tc.get("id")
+            name = fn.get("name")
+            args = fn.get("arguments")
+            out.append(
+                AssembledCall(
+                    id=cid if isinstance(cid, str) else None,
+                    name=name if isinstance(name, str) else "",
+                    arguments="" if args is None else args,
+                    index=i,
+                )
+            )
+    fc = message.get("function_call")
+    if not out and isinstance(fc, dict):
+        args = fc.get("arguments")
+        name = fc.get("name")
+        out.append(AssembledCall(None, name if isinstance(name, str) else "", "" if args is None else args))
+    return out
+
+
+def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes | None, list[Action]]:
+    """Decide on a whole ``chat.completion`` body. Returns the rewritten body (None = forward the
+    original bytes) and the actions taken. A body that is not a completion is left alone."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None, []
+    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+        return None, []
+    actions: list[Action] = []
+    changed = False
+    for choice in obj["choices"]:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(msg, dict):
+            continue
+        for field, reason in (("content", "content"), *((f, "reasoning") for f in REASONING_FIELDS)):
+            text = msg.get(field)
+            repeats = detect_text(text, cfg) if isinstance(text, str) else None
+            if repeats:
+                limit = cfg.response.degenerate_text.min_repeats
+                actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
+        calls = message_calls(msg)
+        if not calls:
+            continue
+        cut = runaway_cut(calls, cfg.response)
+        kept = calls[: cut.count] if cut else calls
+        if cut:
+            actions.append(cut)
+        stop = judge(kept) if judge is not None else None
+        if stop is not None:
+            actions.append(stop)
+            msg["content"] = append_text(msg.get("content"), stop.text)
+            msg.pop("tool_calls", None)
+            msg.pop("function_call", None)
+            choice["finish_reason"] = "stop"
+            changed = True
+        elif cut:
+            msg["tool_calls"] = msg["tool_calls"][: cut.count]
+            changed = True
+    return (orjson.dumps(obj) if changed else None), actions
+
+
+#: How much of a message's end is compared with the stop texts (they are a few hundred characters).
+_TAIL = 4096
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    parts: list[str] = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if name is not None:
+            parts.append(".*?")
+    return re.compile("".join(parts) + r"\Z", re.DOTALL)
+
+
+def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
+    """Stops already in the conversation: assistant messages without calls that end with a stop
+    text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions."""
+    try:
+        body = orjson.loads(request_body)
+    except orjson.JSONDecodeError:
+        return []
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return []
+    patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP)}
+    out: list[Stop] = []
+    for msg in messages:
+        if not isinstance(msg, dict) or msg.get("role") != "assistant" or msg.get("tool_calls"):
+            continue
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, str) and any(p.search(content[-_TAIL:]) for p in patterns):
+            out.append(Stop(text=content, rule=STOP_RULE, tool="", count=0, limit=None, fresh=False))
+    return out

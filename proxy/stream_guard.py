@@ -1,0 +1,392 @@
+"""The response side of a streamed chat completion, sans-I/O: upstream bytes in, agent bytes out.
+
+:class:`StreamGuard` reads the upstream's SSE events (:mod:`proxy.sse`) and decides what the agent
+receives. The edge (:mod:`proxy.relay`) writes whatever :meth:`StreamGuard.feed` returns and, when
+the output says ``abort``, closes the upstream request at once.
+
+- Events are forwarded as their exact upstream bytes, as soon as they are complete, except that
+  **tool-call deltas are held** until the decision at the end of their choice (its
+  ``finish_reason``, or ``[DONE]``/the end of the stream). To keep the byte order, every event after
+  a held one is held too until the release; in practice that is only the finish chunk (content
+  streams before calls). An event carrying both content and a call is held whole.
+- At the decision (:mod:`proxy.response`): nothing decided → the held bytes are released unchanged
+  (so when nothing is decided the agent receives exactly the upstream bytes). **Stop** → the held
+  call deltas are dropped, a content delta with the stop text is inserted before the finish chunk,
+  whose ``finish_reason`` becomes ``"stop"``. **Runaway** → the calls are cut as soon as the
+  first call beyond a limit is seen (abort): the kept calls are re-emitted whole (one delta each,
+  indexes 0..n-1), then a finish chunk (``tool_calls``) and ``data: [DONE]``.
+- **Degenerate text** in content or reasoning (:mod:`proxy.degenerate`) → abort: held call deltas
+  of unfinished choices are dropped, and each unfinished choice gets a finish chunk with
+  ``finish_reason: "length"``, then ``data: [DONE]``.
+- A ``data:`` that is not a chat-completion chunk (``{"error": …}`` mid-stream, invalid JSON)
+  releases everything held unchanged and turns the guard into plain passthrough for the rest.
+
+Byte accounting for fail-open: ``received`` counts the bytes fed, ``settled`` those whose fate is
+decided (forwarded, replaced or dropped). If anything here raises, the edge forwards the
+``received - settled`` bytes it kept, unchanged, and relays the rest as is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.actions import Action, Cut, Stop
+from proxy.assemble import AssembledCall, CallAssembler
+from proxy.config import Config
+from proxy.degenerate import RepetitionDetector
+from proxy.response import (
+    DEGENERATE_RULE,
+    REASONING_FIELDS,
+    StopJudge,
+    runaway_cut,
+)
+from proxy.sse import SSEEvent, SSEFramer
+
+DONE = b"data: [DONE]\n\n"
+_BASE_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Bytes for the agent now; ``abort``: the response is complete, close the upstream."""
+
+    data: bytes = b""
+    abort: bool = False
+
+
+@dataclass(slots=True)
+class _Held:
+    raw: bytes
+    obj: dict[str, Any] | None = None
+    call_choices: frozenset[int] = frozenset()
+    finish_choices: frozenset[int] = frozenset()
+
+
+@dataclass(slots=True)
+class _Choice:
+    calls: CallAssembler = field(default_factory=CallAssembler)
+    content: RepetitionDetector | None = None
+    reasoning: RepetitionDetector | None = None
+    text_seen: bool = False
+    finished: bool = False
+    pending: bool = False  # call deltas held, no decision yet
+    complete: int = 0  # calls known to be complete
+    keys: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # the decision
+    drop_calls: bool = False
+    finish_reason: str | None = None
+    insert: list[bytes] = field(default_factory=list)
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _meaningful(part: dict[str, Any]) -> bool:
+    delta = part.get("delta")
+    if isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values()):
+        return True
+    return any(part.get(k) is not None for k in ("finish_reason", "logprobs"))
+
+
+class StreamGuard:
+    """One streamed response. ``actions``: the fresh response-side actions taken so far."""
+
+    __slots__ = (
+        "_base",
+        "_cfg",
+        "_choices",
+        "_framer",
+        "_held",
+        "_judge",
+        "_state",
+        "actions",
+        "received",
+        "settled",
+    )
+
+    def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
+        self._cfg = cfg
+        self._judge = judge
+        self._framer = SSEFramer()
+        self._held: list[_Held] = []
+        self._choices: dict[int, _Choice] = {}
+        self._base: dict[str, Any] | None = None
+        self._state = "inspect"  # | "pass" (plain passthrough) | "done" (aborted)
+        self.actions: list[Action] = []
+        self.received = 0
+        self.settled = 0
+
+    @property
+    def aborted(self) -> bool:
+        return self._state == "done"
+
+    # --- input ------------------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> Output:
+        """Bytes from the upstream; returns what the agent gets now."""
+        self.received += len(chunk)
+        if self._state == "done":
+            self.settled = self.received
+            return Output()
+        if self._state == "pass":
+            self.settled += len(chunk)
+            return Output(chunk)
+        out = bytearray()
+        for ev in self._framer.feed(chunk):
+            if self._state == "inspect":
+                self._event(ev, out)
+            elif self._state == "pass":
+                self._emit(ev.raw, out)
+            if self._state == "done":
+                self.settled = self.received
+                return Output(bytes(out), abort=True)
+        if self._state == "pass":
+            self._emit(self._framer.finish(), out)
+        return Output(bytes(out))
+
+    def finish(self) -> bytes:
+        """The upstream ended the stream: decide what is still open, release everything."""
+        if self._state == "done":
+            return b""
+        out = bytearray()
+        if self._state == "inspect":
+            self._end_all(out)
+        self._emit(self._framer.finish(), out)
+        self._state = "pass"
+        return bytes(out)
+
+    def release(self) -> bytes:
+        """Everything held, unchanged (the upstream failed mid-stream); passthrough from here."""
+        out = bytearray()
+        if self._state != "done":
+            self._give_up(out)
+            self._emit(self._framer.finish(), out)
+        return bytes(out)
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def _event(self, ev: SSEEvent, out: bytearray) -> None:
+        if ev.data is None:
+            self._hold_or_emit(_Held(ev.raw), out)
+            return
+        if ev.data.strip() == "[DONE]":
+            self._end_all(out)
+            self._hold_or_emit(_Held(ev.raw), out)
+            return
+        try:
+            obj = orjson.loads(ev.data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            self._give_up(out)  # {"error": …} or something unknown: stop reading
+            self._emit(ev.raw, out)
+            return
+        if self._base is None:
+            self._base = {k: obj[k] for k in _BASE_FIELDS if k in obj} | {"object": "chat.completion.chunk"}
+        calls: set[int] = set()
+        finished: set[int] = set()
+        cut: Cut | None = None
+        runaway: tuple[int, Cut] | None = None
+        for part in obj["choices"]:
+            if not isinstance(part, dict):
+                continue
+            ci = part.get("index")
+            ci = ci if isinstance(ci, int) else 0
+            ch = self._choice(ci)
+            if ch.finished:
+                continue
+            delta = part.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            cut = cut or self._texts(ch, delta)
+            tcs = delta.get("tool_calls")
+            if (isinstance(tcs, list) and tcs) or isinstance(delta.get("function_call"), dict):
+                calls.add(ci)
+                ch.pending = True
+                if ch.calls.add(delta) and runaway is None:
+                    rc = self._runaway(ch, len(ch.calls.calls) - 1)
+                    runaway = (ci, rc) if rc else None
+            if part.get("finish_reason") is not None:
+                finished.add(ci)
+                ch.finished = True
+        self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), out)
+        if runaway is not None:
+            self._abort(out, runaway=runaway)
+        elif cut is not None:
+            self.actions.append(cut)
+            self._abort(out)
+        else:
+            for ci in sorted(finished):
+                self._decide(ci)
+            self._flush(out)
+
+    def _choice(self, ci: int) -> _Choice:
+        ch = self._choices.get(ci)
+        if ch is None:
+            dcfg = self._cfg.response.degenerate_text
+            ch = _Choice()
+            if dcfg.enabled:
+                ch.content, ch.reasoning = RepetitionDetector(dcfg), RepetitionDetector(dcfg)
+            self._choices[ci] = ch
+        return ch
+
+    def _texts(self, ch: _Choice, delta: dict[str, Any]) -> Cut | None:
+        found: Cut | None = None
+        for key in ("content", *REASONING_FIELDS):
+            text = delta.get(key)
+            if not isinstance(text, str) or not text:
+                continue
+            if key == "content":
+                ch.text_seen = True
+            det = ch.content if key == "content" else ch.reasoning
+            rep = det.feed(text) if det is not None else None
+            if rep is not None and found is None:
+                reason = "content" if key == "content" else "reasoning"
+                limit = self._cfg.response.degenerate_text.min_repeats
+                found = Cut(DEGENERATE_RULE, "", rep.repeats, limit, reason)
+        return found
+
+    def _runaway(self, ch: _Choice, complete: int) -> Cut | None:
+        """Runaway check once ``complete`` calls of the choice are complete."""
+        cfg = self._cfg.response
+        if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
+            return None
+        ch.complete = max(ch.complete, complete)
+        return runaway_cut(ch.calls.calls, cfg, ch.complete)
+
+    # --- decisions --------------------------------------------------------------------------------
+
+    def _decide(self, ci: int, cut: Cut | None = None, finish: str = "tool_calls") -> None:
+        """The end of choice ``ci``'s calls: runaway, then stop; fills its replacement."""
+        ch = self._choices[ci]
+        if not ch.pending:
+            return
+        ch.pending = False
+        calls = ch.calls.calls
+        if cut is None:
+            cut = self._runaway(ch, len(calls))
+        kept = calls[: cut.count] if cut else calls
+        if cut is not None:
+            self.actions.append(cut)
+        stop = self._judge(kept) if self._judge is not None and kept else None
+        if stop is not None:
+            self.actions.append(stop)
+            ch.drop_calls = True
+            ch.finish_reason = "stop"
+            ch.insert = [self._content_chunk(ci, ch, stop)]
+        elif cut is not None:
+            ch.drop_calls = True
+            ch.finish_reason = finish
+            ch.insert = [self._call_chunk(ci, k, c) for k, c in enumerate(kept)]
+
+    def _end_all(self, out: bytearray) -> None:
+        """``[DONE]`` or the end of the stream: decide every open choice, release, and finish the
+        replaced choices that never sent a ``finish_reason``."""
+        for ci in sorted(self._choices):
+            self._decide(ci)
+        self._flush(out)
+        self._finish_open(out, None)
+
+    def _abort(self, out: bytearray, runaway: tuple[int, Cut] | None = None) -> None:
+        for ci, ch in sorted(self._choices.items()):
+            if runaway is not None and ci == runaway[0]:
+                self._decide(ci, runaway[1])
+            elif ch.finished:
+                self._decide(ci)  # finished in this very event
+            else:
+                ch.pending = False
+                ch.drop_calls = True
+                ch.finish_reason = "length"
+                ch.insert = []
+        self._flush(out)
+        self._finish_open(out, "length")
+        out += DONE
+        self._state = "done"
+
+    def _finish_open(self, out: bytearray, default: str | None) -> None:
+        for ci, ch in sorted(self._choices.items()):
+            if ch.finished:
+                continue
+            reason = ch.finish_reason or default
+            if ch.insert or reason:
+                out += b"".join(ch.insert)
+                ch.insert = []
+                if reason:
+                    out += self._chunk(ci, {}, reason)
+                ch.finished = True
+
+    def _give_up(self, out: bytearray) -> None:
+        for ch in self._choices.values():
+            ch.pending = False  # undecided calls go out unchanged
+        self._flush(out)
+        self._state = "pass"
+
+    # --- output -----------------------------------------------------------------------------------
+
+    def _emit(self, raw: bytes, out: bytearray) -> None:
+        out += raw
+        self.settled += len(raw)
+
+    def _hold_or_emit(self, held: _Held, out: bytearray) -> None:
+        if self._held or held.call_choices:
+            self._held.append(held)
+        else:
+            self._emit(held.raw, out)
+
+    def _flush(self, out: bytearray) -> None:
+        if any(ch.pending for ch in self._choices.values()):
+            return
+        for h in self._held:
+            out += self._render(h)
+            self.settled += len(h.raw)
+        self._held.clear()
+
+    def _render(self, h: _Held) -> bytes:
+        if h.obj is None:
+            return h.raw
+        touched = {ci for ci in h.call_choices | h.finish_choices if self._choices[ci].drop_calls}
+        if not touched:
+            return h.raw
+        prefix = b""
+        parts: list[Any] = []
+        for part in h.obj["choices"]:
+            ci = part.get("index") if isinstance(part, dict) else None
+            ci = ci if isinstance(ci, int) else 0
+            if not isinstance(part, dict) or ci not in touched:
+                parts.append(part)
+                continue
+            ch = self._choices[ci]
+            delta = part.get("delta") if isinstance(part.get("delta"), dict) else {}
+            kept = {k: v for k, v in delta.items() if k not in ("tool_calls", "function_call")}
+            part = {**part, "delta": kept}
+            if ci in h.finish_choices:
+                prefix += b"".join(ch.insert)
+                ch.insert = []
+                if ch.finish_reason:
+                    part["finish_reason"] = ch.finish_reason
+            if _meaningful(part):
+                parts.append(part)
+        obj = {**h.obj, "choices": parts}
+        if not parts and set(obj) <= {*_BASE_FIELDS, "choices"}:
+            return prefix
+        return prefix + sse(obj)
+
+    def _chunk(self, ci: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": ci, "delta": delta, "finish_reason": finish}
+        return sse({**(self._base or {}), "choices": [choice]})
+
+    def _content_chunk(self, ci: int, ch: _Choice, stop: Stop) -> bytes:
+        text = f"\n\n{stop.text}" if ch.text_seen else stop.text
+        return self._chunk(ci, {"content": text})
+
+    def _call_chunk(self, ci: int, k: int, call: AssembledCall) -> bytes:
+        tc: dict[str, Any] = {"index": k}
+        if call.id is not None:
+            tc["id"] = call.id
+        tc["type"] = "function"
+        tc["function"] = {"name": call.name, "arguments": call.arguments_json()}
+        return self._chunk(ci, {"tool_calls": [tc]})

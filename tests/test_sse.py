@@ -1,0 +1,112 @@
+"""The SSE framer (proxy.sse): events and their exact raw bytes, whatever the read boundaries."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.sse import SSEEvent, SSEFramer
+
+
+def frame(chunks: list[bytes]) -> tuple[list[SSEEvent], bytes]:
+    f = SSEFramer()
+    events = [ev for c in chunks for ev in f.feed(c)]
+    return events, f.finish()
+
+
+def split_every(data: bytes, n: int) -> list[bytes]:
+    return [data[i : i + n] for i in range(0, len(data), n)]
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        pytest.param(b'data: {"a":1}\n\n', [('{"a":1}', None)], id="lf"),
+        pytest.param(b'data: {"a":1}\r\n\r\n', [('{"a":1}', None)], id="crlf"),
+        pytest.param(b'data: {"a":1}\r\rdata: b\r\r\n', [('{"a":1}', None), ("b", None)], id="cr_only"),
+        pytest.param(b'data:{"a":1}\n\n', [('{"a":1}', None)], id="data_without_space"),
+        pytest.param(b"data:  two spaces\n\n", [(" two spaces", None)], id="only_one_space_dropped"),
+        pytest.param(b": keep-alive\n\n", [(None, None)], id="comment_only"),
+        pytest.param(
+            b": OPENROUTER PROCESSING\n\ndata: x\n\n", [(None, None), ("x", None)], id="openrouter_comment"
+        ),
+        pytest.param(b"event: ping\r\ndata: {}\r\n\r\n", [("{}", "ping")], id="event_field"),
+        pytest.param(b"data: a\ndata: b\n\n", [("a\nb", None)], id="multi_line_data"),
+        pytest.param(b"data\n\n", [("", None)], id="field_without_colon"),
+        pytest.param(b"id: 7\nretry: 10\ndata: x\n\n", [("x", None)], id="ignored_fields"),
+        pytest.param(b"\xef\xbb\xbfdata: x\n\n", [("x", None)], id="bom_at_start"),
+        pytest.param(b"data: [DONE]\n\n", [("[DONE]", None)], id="done"),
+        pytest.param(
+            b"data: a\n\r\ndata: b\r\rdata: c\r\n\n", [("a", None), ("b", None), ("c", None)], id="mixed"
+        ),
+        pytest.param(b"\n\ndata: x\n\n", [(None, None), (None, None), ("x", None)], id="stray_blank_lines"),
+    ],
+)
+def test_events_parsed(stream: bytes, expected: list[tuple[str | None, str | None]]) -> None:
+    events, rest = frame([stream])
+    assert [(e.data, e.event) for e in events] == expected
+    assert b"".join(e.raw for e in events) + rest == stream
+    assert rest == b""
+
+
+def test_multibyte_character_split_across_reads() -> None:
+    stream = 'data: {"c":"héllo 日本"}\n\n'.encode()
+    cut = stream.index("日".encode()) + 1  # inside the 3-byte character
+    events, rest = frame([stream[:cut], stream[cut:]])
+    assert rest == b""
+    assert [e.data for e in events] == ['{"c":"héllo 日本"}']
+    assert events[0].raw == stream
+
+
+def test_crlf_split_between_cr_and_lf() -> None:
+    stream = b"data: a\r\n\r\ndata: b\r\n\r\n"
+    f = SSEFramer()
+    assert f.feed(stream[:8]) == []  # "data: a\r": the CR may start a CRLF
+    events = f.feed(stream[8:11])  # "\n\r\n"... completes event a
+    events += f.feed(stream[11:])
+    assert [e.raw for e in events] == [b"data: a\r\n\r\n", b"data: b\r\n\r\n"]
+
+
+def test_unfinished_event_is_returned_raw_by_finish() -> None:
+    events, rest = frame([b"data: a\n\ndata: b\n"])
+    assert [e.data for e in events] == ["a"]
+    assert rest == b"data: b\n"
+
+
+def test_invalid_utf8_is_replaced_in_fields_not_in_raw() -> None:
+    stream = b"data: \xff\xfe\n\n"
+    (event,), _ = frame([stream])
+    assert event.data == "\ufffd\ufffd"
+    assert event.raw == stream
+
+
+def test_large_event_in_small_reads() -> None:
+    payload = "x" * 200_000
+    stream = f"data: {payload}\n\n".encode()
+    events, rest = frame(split_every(stream, 1000))
+    assert ([e.data for e in events], rest) == ([payload], b"")
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [b'data: {"a":1}\n\n', b": ka\r\n\r\n", b"data:x\r\rdata: y\n\n", "data: é日\n\n".encode(), b"\n"]
+        ),
+        max_size=12,
+    ),
+    st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=30),
+)
+def test_any_read_boundaries_give_the_same_events_and_bytes(parts: list[bytes], sizes: list[int]) -> None:
+    stream = b"".join(parts)
+    whole, whole_rest = frame([stream])
+    chunks, i, k = [], 0, 0
+    while i < len(stream):
+        n = sizes[k % len(sizes)]
+        chunks.append(stream[i : i + n])
+        i += n
+        k += 1
+    split, split_rest = frame(chunks)
+    assert split == whole
+    assert split_rest == whole_rest
+    assert b"".join(e.raw for e in split) + split_rest == stream
