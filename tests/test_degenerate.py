@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.config import DegenerateTextConfig
 from proxy.degenerate import RepetitionDetector, periodic_tail
@@ -113,3 +115,37 @@ def test_memory_is_bounded_on_an_endless_line() -> None:
         det.feed(f"w{i} ")  # never periodic
     assert len(det._line) <= det._keep + 32  # trimmed at each check (every 16 characters)
     assert len(det._tail) <= 2 * det._keep
+
+
+def brute_force(text: str, min_repeats: int, min_chars: int, max_period: int) -> tuple[int, int] | None:
+    """The rule read literally: every period from 1 up, every character compared."""
+    n = len(text)
+    for p in range(1, max_period + 1):
+        need = max(min_repeats * p, min_chars)
+        if need > n:
+            continue
+        if all(text[i] == text[i - p] for i in range(n - need + p, n)):
+            start = n - need
+            while start > 0 and text[start - 1] == text[start - 1 + p]:
+                start -= 1
+            return p, (n - start) // p
+    return None
+
+
+@given(
+    st.text(alphabet="ab \n", max_size=60),
+    st.text(alphabet="abc .", min_size=1, max_size=12),
+    st.integers(min_value=0, max_value=40),
+    st.text(alphabet="ab", max_size=3),
+    st.integers(min_value=2, max_value=12),
+    st.integers(min_value=1, max_value=120),
+    st.integers(min_value=1, max_value=30),
+)
+def test_periodic_tail_matches_the_rule_read_literally(
+    prefix: str, span: str, copies: int, suffix: str, min_repeats: int, min_chars: int, max_period: int
+) -> None:
+    text = prefix + span * copies + suffix
+    rep = periodic_tail(text, min_repeats, min_chars, max_period)
+    assert (None if rep is None else (rep.period, rep.repeats)) == brute_force(
+        text, min_repeats, min_chars, max_period
+    )
