@@ -232,7 +232,13 @@ async def _forward(
                 response.headers.popall("Content-Length", None)  # the body may change
                 await response.prepare(request)
                 await relay.relay_sse(upstream, response, side, st)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            await response.write_eof()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
+            if request.transport is None or request.transport.is_closing():
+                # The agent went away while we wrote to it (often right after [DONE]): not an
+                # upstream error, and nothing left to tell anyone.
+                fields["disconnected"] = True
+                return response
             st.upstream_errors += 1
             fields["upstream_error"] = type(exc).__name__
             if upstream.content_type == "text/event-stream":
@@ -250,7 +256,6 @@ async def _forward(
             if request.transport is not None:
                 request.transport.close()
             return response
-        await response.write_eof()
         return response
     finally:
         upstream.close()
