@@ -86,6 +86,8 @@ class Stats:
     internal_errors: int = 0
     upstream_errors: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
+    #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
+    per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 
@@ -94,6 +96,7 @@ class Stats:
             if not a.fresh:
                 continue
             self.per_rule[a.rule] += 1
+            self.per_action[(a.rule, a.kind)] += 1
             if a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":

@@ -41,11 +41,14 @@ from proxy.dialects.openai_chat import PATH_SUFFIX
 from proxy.guards import Guard, build_guards
 from proxy.incidents import IncidentLog
 from proxy.memory import Memory
+from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.metrics import Metrics
 from proxy.observe import Stats, action_summary
 from proxy.rewrite import RequestDecision, decide_request
 
 CONFIG_KEY = web.AppKey("config", Config)
 STATS_KEY = web.AppKey("stats", Stats)
+METRICS_KEY = web.AppKey("metrics", Metrics)
 GUARDS_KEY = web.AppKey("guards", tuple)
 SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 #: (upstream base URL without user info, ``Authorization`` value built from that user info or None)
@@ -68,6 +71,13 @@ def _check_admin(request: web.Request) -> None:
             text=_error_body("missing or wrong admin token", "unauthorized", 401).decode(),
             content_type="application/json",
         )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    _check_admin(request)
+    return web.Response(
+        body=request.app[METRICS_KEY].render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -164,6 +174,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     }
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
+    app[METRICS_KEY].observe_added(t_send - t_start)
     try:
         return await _forward(request, url, headers, decision.body, fields, t_send, decision)
     except asyncio.CancelledError:
@@ -289,6 +300,7 @@ def create_app(cfg: Config) -> web.Application:
     app[CONFIG_KEY] = cfg
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
+    app[METRICS_KEY] = Metrics(app[STATS_KEY])
     app[GUARDS_KEY] = build_guards(cfg.guards)
     app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
     app[MEMORY_KEY] = Memory(app[GUARDS_KEY])
@@ -296,6 +308,7 @@ def create_app(cfg: Config) -> web.Application:
     app.cleanup_ctx.append(_incident_log)
     app.router.add_get("/loop-guard", stats)
     app.router.add_get("/loop-guard/healthz", healthz)
+    app.router.add_get("/loop-guard/metrics", metrics)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 

@@ -1,0 +1,69 @@
+"""Prometheus metrics for ``GET /loop-guard/metrics`` (DESIGN §7), via prometheus-client.
+
+The counters are read from :class:`proxy.observe.Stats` at scrape time (one source of truth, no
+double bookkeeping); only the added-latency histogram is observed per request. Each app has its own
+registry, so several proxies in one process (tests) never share series.
+
+Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
+``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
+``loopguard_internal_errors_total`` (fail-open events), ``loopguard_upstream_errors_total``, and
+``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
+upstream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.observe import Stats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_COUNTERS = (
+    ("requests", "Requests received (any path)."),
+    ("guarded_requests", "Chat-completion requests read by the guards."),
+    ("rewritten_requests", "Requests whose body the guards changed."),
+    ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
+    ("upstream_errors", "Upstream unreachable or dropped mid-response."),
+)
+
+
+class _StatsCollector(Collector):
+    def __init__(self, stats: Stats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc in _COUNTERS:
+            yield CounterMetricFamily(f"loopguard_{name}", doc, value=getattr(self._stats, name))
+        actions = CounterMetricFamily(
+            "loopguard_actions", "Fresh actions by rule and kind.", labels=["rule", "kind"]
+        )
+        for (rule, kind), n in sorted(self._stats.per_action.items()):
+            actions.add_metric([rule, kind], n)
+        yield actions
+
+
+class Metrics:
+    """One app's registry: ``observe_added(seconds)`` per request, ``render()`` for a scrape."""
+
+    __slots__ = ("_added", "registry")
+
+    def __init__(self, stats: Stats) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(stats))
+        self._added = Histogram(
+            "loopguard_added_latency_seconds",
+            "Time loopguard spent between having the request body and sending it upstream.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+
+    def observe_added(self, seconds: float) -> None:
+        self._added.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
