@@ -1,0 +1,63 @@
+"""Volatile spans of tool results (issue 7): the parts that change between two runs of the same
+call without meaning anything happened — timestamps, clock times, durations, UUIDs, hex ids, PIDs.
+
+:data:`DEFAULT_MASK_PATTERNS` is the documented default list (``guards.progress.masks`` in the
+config); :func:`compile_masks` turns a list into :class:`Masks`, one compiled alternation applied
+in a single pass. Pure, no state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: The replacement for every masked span.
+MASK = "\u2217"
+
+#: Default volatile spans, each a Python regular expression (inline flags only in scoped form,
+#: ``(?i:...)``, because the list is compiled as one alternation). Order matters where two could
+#: match at the same place: the first listed wins.
+DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
+    # ISO 8601 dates and timestamps: 2026-11-30, 2026-11-30T02:37:55.123Z, 2026-11-30 02:37:55+01:00
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?",
+    # UUIDs
+    r"(?i:\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b)",
+    # clock times: 02:37, 02:37:55, 02:37:55.123, 2:37 PM
+    r"\b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?(?i:am|pm))?\b",
+    # durations: 0.53s, 12 ms, 1.5 seconds, 3m, 2h, 250µs
+    r"\b\d+(?:\.\d+)?\s?(?:ns|us|\u00b5s|ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?)\b",
+    # hex ids (git SHAs, container and request ids): 0x-prefixed, or 7+ hex digits mixing letters and digits
+    r"(?i:\b0x[0-9a-f]+\b)",
+    r"(?i:\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b)",
+    # process ids: pid 4242, PID: 4242, pid=4242
+    r"(?i:\bpid\b[\s:=#]*\d+)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Masks:
+    """A compiled mask list: ``patterns`` as configured and ``regex``, their alternation."""
+
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str] | None
+
+
+def compile_masks(patterns: Sequence[str]) -> Masks:
+    """Compile ``patterns`` (raises :class:`re.error` naming nothing: the config names the key).
+    An empty list masks nothing."""
+    for p in patterns:
+        re.compile(p)  # each on its own first, so an error is about one pattern
+    pats = tuple(patterns)
+    regex = re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None
+    return Masks(pats, regex)
+
+
+DEFAULT_MASKS = compile_masks(DEFAULT_MASK_PATTERNS)
+
+
+def mask(text: str, masks: Masks) -> str:
+    """``text`` with every volatile span replaced by :data:`MASK`."""
+    if masks.regex is None or not text:
+        return text
+    return masks.regex.sub(MASK, text)
