@@ -1,0 +1,486 @@
+"""Corpus gate harness (issue 7): replay loop fixtures through the real server, black-box.
+
+Each fixture (``tests/fixtures/loops/*.json``, schema in ``tests/fixtures/README.md``; the directory
+is ``$LOOPGUARD_LOOP_FIXTURES`` when set) is replayed one assistant message at a time: the history
+before assistant message *i* (with the fixture's ``tools``) is the request; message *i* is the fake
+upstream's answer (a ``chat.completion`` JSON, or the same as SSE with ``stream=True``). A fresh
+loopguard server (same code path as ``loopguard serve``) runs in front of the fake upstream for
+each fixture, with the given config.
+
+What the proxy did is observed from the outside only:
+
+- **request side** — what reached the upstream, compared with what was sent: a message that was not
+  sent is a *reminder* (it concerns the call whose result it follows: the last call of that step);
+  a tool result whose content changed is a *withhold*, or a reminder appended to it (``tool_suffix``
+  delivery: the original content is a prefix of the new one); both act at that call;
+- **response side** — what the agent received, compared with message *i*: no tool calls any more
+  is a *stop*, fewer is a *cut*; both act at the first call of message *i* the agent did not get.
+
+Calls are numbered in conversation order from 1, counting every call of every assistant message.
+The rule behind an observation is read from ``GET /loop-guard`` (``per_rule``: fresh actions) — a
+name for the table, never part of a verdict.
+
+Run ``python -m tests.corpus [--stream] [--config FILE]`` to print the gate table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+from aiohttp import web
+
+from proxy.config import Config, ListenConfig, build
+from proxy.observe import configure_logging
+from proxy.server import start
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FIXTURES = ROOT / "tests" / "fixtures" / "loops"
+DEFAULT_CONFIG = ROOT / "config" / "loopguard.yaml"
+#: The answer to the request after the fixture's last message.
+FINAL_ANSWER: dict[str, Any] = {"role": "assistant", "content": "Done."}
+#: Kinds of action that count as acting on a loop. A runaway cut counts: the calls it drops never
+#: reach the agent (stronger than a reminder), and it is the only action possible inside one response.
+ACTING = ("remind", "withhold", "stop", "cut")
+#: Kinds of action that block (not tolerated on a ``legit`` fixture).
+BLOCKING = ("withhold", "stop", "cut")
+
+
+def fixture_dir() -> Path:
+    env = os.environ.get("LOOPGUARD_LOOP_FIXTURES")
+    return Path(env) if env else DEFAULT_FIXTURES
+
+
+def load_fixtures(directory: Path | None = None) -> list[dict[str, Any]]:
+    """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id."""
+    d = directory or fixture_dir()
+    out = [orjson.loads(p.read_bytes()) for p in sorted(d.glob("*.json"))]
+    return sorted(out, key=lambda f: _id_key(str(f.get("id", ""))))
+
+
+def _id_key(fid: str) -> tuple[str, int, str]:
+    head = fid.rstrip("0123456789")
+    tail = fid[len(head) :]
+    return head, int(tail) if tail else -1, fid
+
+
+def default_config() -> dict[str, Any]:
+    """The shipped default config file as a dict."""
+    return yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8")) or {}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One thing the proxy did: ``kind`` (remind, withhold, stop, cut), the 1-based ``call`` it acts
+    at, the replayed assistant message ``message`` (index into the fixture's messages), ``side``
+    (``request`` or ``response``) and the ``rules`` seen acting in that exchange."""
+
+    kind: str
+    call: int
+    message: int
+    side: str
+    rules: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        rules = "+".join(self.rules) or "?"
+        return f"call {self.call} {rules} {self.kind}"
+
+
+@dataclass
+class Replay:
+    """A fixture's replay: every observation (first occurrence of each, in order of the calls)."""
+
+    fixture: dict[str, Any]
+    stream: bool
+    observations: list[Observation] = field(default_factory=list)
+    requests: int = 0
+
+    @property
+    def first(self) -> Observation | None:
+        return min(self.observations, key=lambda o: (o.call, o.message), default=None)
+
+    def blocking(self) -> list[Observation]:
+        return [o for o in self.observations if o.kind in BLOCKING]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    expected: str
+    reason: str
+
+
+def judge(replay: Replay) -> Verdict:
+    """The gate's verdict on one replay."""
+    fx = replay.fixture
+    expect = fx.get("expect") or {}
+    if fx.get("kind") == "legit":
+        blocks = replay.blocking()
+        if blocks:
+            return Verdict(False, "no block", f"blocked: {blocks[0].describe()}")
+        return Verdict(True, "no block", "ok")
+    k = expect.get("intervene_by_call")
+    if k is None:
+        return Verdict(True, "-", "no call-based expectation")
+    acted = [o for o in replay.observations if o.kind in ACTING]
+    first = min((o.call for o in acted), default=None)
+    if first is None:
+        return Verdict(False, f"by call {k}", "never acted")
+    if first > k:
+        return Verdict(False, f"by call {k}", f"late (call {first})")
+    return Verdict(True, f"by call {k}", "ok")
+
+
+# --- the fake upstream --------------------------------------------------------------------------
+
+
+def completion_body(message: dict[str, Any]) -> dict[str, Any]:
+    msg = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "function_call")}
+    msg.setdefault("content", None)
+    return {
+        "id": "chatcmpl-corpus",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "corpus-model",
+        "choices": [
+            {"index": 0, "message": msg, "finish_reason": "tool_calls" if msg.get("tool_calls") else "stop"}
+        ],
+    }
+
+
+def sse_body(message: dict[str, Any]) -> list[bytes]:
+    base = {"id": "chatcmpl-corpus", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return (
+            b"data: "
+            + orjson.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            + b"\n\n"
+        )
+
+    calls = message.get("tool_calls") or []
+    out = [chunk({"role": "assistant", "content": None if calls else ""})]
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        for i in range(0, len(content), 16):
+            out.append(chunk({"content": content[i : i + 16]}))
+    for idx, tc in enumerate(calls):
+        fn = tc.get("function") or {}
+        args = fn.get("arguments", "")
+        args = args if isinstance(args, str) else orjson.dumps(args).decode()
+        head = {
+            "index": idx,
+            "id": tc.get("id"),
+            "type": "function",
+            "function": {"name": fn.get("name"), "arguments": ""},
+        }
+        out.append(chunk({"tool_calls": [head]}))
+        half = len(args) // 2
+        for part in (args[:half], args[half:]):
+            if part:
+                out.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": part}}]}))
+    out.append(chunk({}, "tool_calls" if calls else "stop"))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+class FakeModel:
+    """Answers every chat request with ``answer`` (set before each request); records bodies."""
+
+    def __init__(self) -> None:
+        self.answer: dict[str, Any] = {}
+        self.received: list[dict[str, Any]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.received.append(body)
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for ev in sse_body(self.answer):
+                await resp.write(ev)
+            await resp.write_eof()
+            return resp
+        return web.Response(body=orjson.dumps(completion_body(self.answer)), content_type="application/json")
+
+    async def __aenter__(self) -> FakeModel:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+# --- comparing what was sent with what arrived ---------------------------------------------------
+
+
+def call_numbers(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, int], list[list[int]]]:
+    """Per tool_call id its 1-based number, and per message the numbers of its calls."""
+    by_id: dict[str, int] = {}
+    per_message: list[list[int]] = []
+    n = 0
+    for m in messages:
+        nums = []
+        for tc in m.get("tool_calls") or []:
+            n += 1
+            nums.append(n)
+            if isinstance(tc, dict) and isinstance(tc.get("id"), str):
+                by_id.setdefault(tc["id"], n)
+        per_message.append(nums)
+    return by_id, per_message
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def diff_request(
+    sent: Sequence[dict[str, Any]],
+    arrived: Sequence[dict[str, Any]],
+    by_id: dict[str, int],
+    per_message: list[list[int]],
+) -> list[tuple[str, int]]:
+    """(kind, call) for every change between ``sent`` and ``arrived`` (message lists)."""
+    out: list[tuple[str, int]] = []
+    last_call = 0  # the last call whose result precedes the current position
+    j = 0
+    for k, m in enumerate(sent):
+        while j < len(arrived) and arrived[j] != m and not _same_tool_message(arrived[j], m):
+            out.append(("remind", last_call))  # a message the agent did not send
+            j += 1
+        if j >= len(arrived):
+            break
+        a = arrived[j]
+        j += 1
+        if a != m:
+            call = by_id.get(str(m.get("tool_call_id")), last_call)
+            before, after = _text(m.get("content")), _text(a.get("content"))
+            out.append(("remind" if after.startswith(before) and after != before else "withhold", call))
+        if m.get("role") in ("tool", "function"):
+            call = by_id.get(str(m.get("tool_call_id")))
+            if call is not None:
+                # a reminder after a step's results concerns the last call of that step
+                step = next((nums for nums in per_message if call in nums), [call])
+                last_call = max(last_call, step[-1] if _last_result_of_step(sent, k, by_id, step) else call)
+    while j < len(arrived):
+        out.append(("remind", last_call))
+        j += 1
+    return out
+
+
+def _last_result_of_step(
+    sent: Sequence[dict[str, Any]], k: int, by_id: dict[str, int], step: list[int]
+) -> bool:
+    nxt = sent[k + 1] if k + 1 < len(sent) else None
+    if nxt is None or nxt.get("role") not in ("tool", "function"):
+        return True
+    return by_id.get(str(nxt.get("tool_call_id"))) not in step
+
+
+def _same_tool_message(a: dict[str, Any], m: dict[str, Any]) -> bool:
+    return (
+        a.get("role") == m.get("role") == "tool"
+        and a.get("tool_call_id") == m.get("tool_call_id")
+        and {k: v for k, v in a.items() if k != "content"} == {k: v for k, v in m.items() if k != "content"}
+    )
+
+
+def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+    """The tool-call ids (in order) and the text the agent received in one answer."""
+    if not stream:
+        obj = orjson.loads(raw)
+        msg = obj["choices"][0]["message"]
+        return [tc.get("id") for tc in msg.get("tool_calls") or []], _text(msg.get("content"))
+    calls: dict[int, str | None] = {}
+    text: list[str] = []
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            obj = orjson.loads(line[6:])
+        except orjson.JSONDecodeError:
+            continue
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                text.append(delta["content"])
+            for tc in delta.get("tool_calls") or []:
+                idx = tc.get("index", len(calls))
+                if tc.get("id") or idx not in calls:
+                    calls[idx] = tc.get("id") or calls.get(idx)
+    return [calls[i] for i in sorted(calls)], "".join(text)
+
+
+# --- the replay -----------------------------------------------------------------------------------
+
+
+_ACTION_LINE = re.compile(r"^loopguard_actions_total\{([^}]*)\}\s+([0-9.e+]+)", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+async def _actions(session: aiohttp.ClientSession, proxy_url: str) -> Counter[tuple[str, str]]:
+    """Fresh actions so far per (rule, kind), from ``GET /loop-guard/metrics`` (or, without it,
+    per rule from ``GET /loop-guard`` with kind ``?``)."""
+    async with session.get(f"{proxy_url}/loop-guard/metrics") as r:
+        if r.status == 200:
+            out: Counter[tuple[str, str]] = Counter()
+            for labels, value in _ACTION_LINE.findall(await r.text()):
+                d = dict(_LABEL.findall(labels))
+                out[(d.get("rule", "?"), d.get("kind", "?"))] += int(float(value))
+            return out
+    async with session.get(f"{proxy_url}/loop-guard") as r:
+        return Counter({(rule, "?"): n for rule, n in ((await r.json()).get("per_rule") or {}).items()})
+
+
+def _rules_for(kind: str, delta: Counter[tuple[str, str]]) -> tuple[str, ...]:
+    """The rules in ``delta`` that took an action of ``kind`` (any kind when none matches)."""
+    kinds = {"remind": ("remind",), "withhold": ("withhold",), "stop": ("stop",), "cut": ("cut",)}[kind]
+    rules = sorted({r for (r, k), n in delta.items() if n > 0 and k in kinds})
+    return tuple(rules or sorted({r for (r, _), n in delta.items() if n > 0}))
+
+
+async def replay(
+    fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False
+) -> Replay:
+    """Replay ``fixture`` through a fresh proxy with ``config`` (a dict; None = the shipped default
+    file). Returns every distinct observation."""
+    cfg = build(Config, default_config() if config is None else config)
+    messages: list[dict[str, Any]] = fixture["messages"]
+    tools = fixture.get("tools")
+    by_id, per_message = call_numbers(messages)
+    result = Replay(fixture, stream)
+    seen: set[tuple[str, int]] = set()
+    async with FakeModel() as model:
+        cfg = dataclasses.replace(
+            cfg,
+            listen=ListenConfig(host="127.0.0.1", port=0),
+            upstream=dataclasses.replace(cfg.upstream, url=model.url),
+            admin_token=None,
+        )
+        runner, port = await start(cfg)
+        proxy_url = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession(auto_decompress=True) as session:
+                before = await _actions(session, proxy_url)
+                # Each assistant message is an answer; after the last message comes the request the
+                # agent would send next (the last results included), answered with plain text.
+                answers = [(i, m) for i, m in enumerate(messages) if m.get("role") == "assistant" and i]
+                answers.append((len(messages), FINAL_ANSWER))
+                per_message.append([])
+                for i, msg in answers:
+                    body: dict[str, Any] = {
+                        "model": "corpus-model",
+                        "messages": messages[:i],
+                        "stream": stream,
+                    }
+                    if tools:
+                        body["tools"] = tools
+                    model.answer = msg
+                    model.received.clear()
+                    async with session.post(
+                        f"{proxy_url}/v1/chat/completions",
+                        data=orjson.dumps(body),
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
+                        raw = await resp.read()
+                    result.requests += 1
+                    found: list[tuple[str, int, str]] = []
+                    if model.received:
+                        arrived = model.received[0].get("messages") or []
+                        found += [
+                            (k, c, "request")
+                            for k, c in diff_request(messages[:i], arrived, by_id, per_message)
+                        ]
+                    ids, _ = received_calls(raw, stream)
+                    nums = per_message[i]
+                    if len(ids) < len(nums):
+                        found.append(("stop" if not ids else "cut", nums[len(ids)], "response"))
+                    new = [f for f in found if (f[0], f[1]) not in seen]
+                    delta: Counter[tuple[str, str]] = Counter()
+                    if new:
+                        for _ in range(50):  # stats are recorded as the exchange ends
+                            now = await _actions(session, proxy_url)
+                            delta = now - before
+                            if {k for (_, k) in delta} >= {f[0] for f in new} - {"?"}:
+                                break
+                            await asyncio.sleep(0.01)
+                    before = await _actions(session, proxy_url) if not delta else before + delta
+                    for kind, call, side in new:
+                        seen.add((kind, call))
+                        result.observations.append(Observation(kind, call, i, side, _rules_for(kind, delta)))
+        finally:
+            await runner.cleanup()
+    return result
+
+
+async def replay_all(
+    config: dict[str, Any] | None = None, stream: bool = False, directory: Path | None = None
+) -> list[Replay]:
+    return [await replay(fx, config, stream) for fx in load_fixtures(directory)]
+
+
+def table(replays: Sequence[Replay]) -> str:
+    """The gate table: id, kind, expected, first action (call# + rule + kind), verdict."""
+    rows = [("id", "kind", "expected", "first action", "blocks", "verdict")]
+    for r in replays:
+        v = judge(r)
+        first = r.first.describe() if r.first else "none"
+        blocks = ", ".join(o.describe() for o in r.blocking()[:1]) or "-"
+        rows.append(
+            (
+                str(r.fixture.get("id")),
+                str(r.fixture.get("kind")),
+                v.expected,
+                first,
+                blocks,
+                "PASS" if v.ok else f"FAIL ({v.reason})",
+            )
+        )
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tests.corpus", description=__doc__.splitlines()[0])
+    ap.add_argument("--stream", action="store_true", help="replay with stream=true (SSE answers)")
+    ap.add_argument("--config", help="config YAML (default: config/loopguard.yaml)")
+    ap.add_argument(
+        "--fixtures", help="fixture directory (default: $LOOPGUARD_LOOP_FIXTURES or tests/fixtures/loops)"
+    )
+    args = ap.parse_args(argv)
+    config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {} if args.config else None
+    directory = Path(args.fixtures) if args.fixtures else None
+    configure_logging("warning")  # the per-request lines would drown the table
+    replays = asyncio.run(replay_all(config, args.stream, directory))
+    print(table(replays))
+    return 0 if all(judge(r).ok for r in replays) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
