@@ -23,6 +23,7 @@ import yaml
 
 from proxy.errors import ConfigError
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
+from proxy.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
 
 DEFAULT_IGNORE_ARGS = ("description", "explanation", "reason", "thought", "purpose")
 DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
@@ -80,6 +81,8 @@ class RepeatReminderConfig:
     ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
     arguments_preview_chars: int = 500
     inject_as: Literal["user", "tool_suffix"] = "user"
+    #: A repeat counts only when its result equals the previous one's (masked, ``progress.masks``).
+    progress_aware: bool = True
 
     def check(self, path: str) -> None:
         key = f"{path}.thresholds"
@@ -114,6 +117,8 @@ class CircuitBreakerConfig:
     ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
     deny_message: str = ""
     incident_log: str = ""
+    #: A duplicate counts only when its result equals the previous one's (masked, ``progress.masks``).
+    progress_aware: bool = True
 
     def check(self, path: str) -> None:
         if self.duplicate_limit < 1:
@@ -173,6 +178,8 @@ class TurnGuardConfig:
     failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS
     narrate_after_ms: int = 180_000
     narrate_every_ms: int = 240_000
+    #: ``same_call`` counts a call only when its result equals the previous one's (masked).
+    progress_aware: bool = True
 
     def check(self, path: str) -> None:
         for name in ("max_same_target", "max_same_call"):
@@ -203,6 +210,37 @@ class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
     turn_guard: TurnGuardConfig = field(default_factory=TurnGuardConfig)
+
+
+@dataclass(frozen=True)
+class ProgressConfig:
+    """Progress-aware repeats (issue 7, :mod:`proxy.progress`): ``masks`` are regular expressions
+    for volatile spans (timestamps, durations, ids) masked before two results are compared; the
+    default list is :data:`proxy.volatile.DEFAULT_MASK_PATTERNS`. One list for every guard with
+    ``progress_aware``."""
+
+    masks: tuple[str, ...] = DEFAULT_MASK_PATTERNS
+
+    def check(self, path: str) -> None:
+        for i, pattern in enumerate(self.masks):
+            if not pattern:
+                raise ConfigError(f"{path}.masks[{i}]", "must not be empty")
+            try:
+                compile_masks([pattern])
+            except re.error as e:
+                hint = " (inline flags only in scoped form, e.g. (?i:...))" if "flags" in str(e) else ""
+                raise ConfigError(
+                    f"{path}.masks[{i}]", f"is not a valid regular expression: {e}{hint}"
+                ) from None
+            if re.compile(pattern).match(""):
+                raise ConfigError(f"{path}.masks[{i}]", "must not match the empty string")
+        try:
+            compile_masks(self.masks)
+        except re.error as e:  # e.g. a global inline flag that is only valid at the start
+            raise ConfigError(f"{path}.masks", f"cannot be combined into one expression: {e}") from None
+
+    def compiled(self) -> Masks:
+        return compile_masks(self.masks)
 
 
 #: The placeholders a ``stop.message`` template may use.
@@ -272,6 +310,7 @@ class Config:
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     stop: StopConfig = field(default_factory=StopConfig)
     response: ResponseConfig = field(default_factory=ResponseConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
 

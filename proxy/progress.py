@@ -34,7 +34,7 @@ __all__ = [
 
 
 def _known(r: ToolResult | None) -> bool:
-    return r is not None and not getattr(r, "pending", False)
+    return r is not None and not r.pending
 
 
 def same_result(a: ToolResult | None, b: ToolResult | None, masks: Masks) -> bool:

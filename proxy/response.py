@@ -1,9 +1,10 @@
 """The response side's decisions, as pure functions over plain data (DESIGN §6.4).
 
 - **Stop** (:class:`StopJudge`): the response's calls are appended to the request's transcript as
-  one more step, with empty placeholder results, and the request-side guards are asked whether
-  they would withhold any of them (the same :func:`proxy.guards.evaluate`, no guard logic
-  duplicated here; a call's verdict never depends on its own result). The turn is stopped when
+  one more step, with empty placeholder results marked ``pending``, and the request-side guards
+  are asked whether they would withhold any of them (the same :func:`proxy.guards.evaluate`, no
+  guard logic duplicated here; a placeholder is never compared: progress-aware rules judge a
+  pending call by the previous pair, :mod:`proxy.progress`). The turn is stopped when
   - a call would be denied and the current turn (after the last user message) already has
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
   - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
@@ -91,7 +92,7 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
             name=c.name,
             arguments_raw=c.arguments,
             arguments=parse_arguments(c.arguments),
-            result=ToolResult(pos + 1 + i, ""),
+            result=ToolResult(pos + 1 + i, "", pending=True),
         )
         for i, c in enumerate(calls)
     )

@@ -26,7 +26,7 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     # clock times: 02:37, 02:37:55, 02:37:55.123, 2:37 PM
     r"\b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?(?i:am|pm))?\b",
     # durations: 0.53s, 12 ms, 1.5 seconds, 3m, 2h, 250µs
-    r"\b\d+(?:\.\d+)?\s?(?:ns|us|\u00b5s|ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?)\b",
+    r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?)\b",
     # hex ids (git SHAs, container and request ids): 0x-prefixed, or 7+ hex digits mixing letters and digits
     r"(?i:\b0x[0-9a-f]+\b)",
     r"(?i:\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b)",

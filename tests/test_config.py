@@ -75,6 +75,7 @@ def test_default_repeat_reminder_matches_design() -> None:
         "ignore_args": ["description", "explanation", "reason", "thought", "purpose"],
         "arguments_preview_chars": 500,
         "inject_as": "user",
+        "progress_aware": True,
     }
 
 

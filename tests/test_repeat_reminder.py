@@ -52,8 +52,9 @@ def messages(*spec: Any) -> list[dict[str, Any]]:
             n += 1
         msgs.append({"role": "assistant", "content": None, "tool_calls": wire})
         if not isinstance(item, Pending):
-            for cid in ids:
-                msgs.append({"role": "tool", "tool_call_id": cid, "content": f"result of {cid}"})
+            # the same call gets the same result (a repeat, not progress: issue 7)
+            for cid, (name, _) in zip(ids, calls, strict=True):
+                msgs.append({"role": "tool", "tool_call_id": cid, "content": f"result of {name}"})
     return msgs
 
 
@@ -348,7 +349,7 @@ def test_decide_tool_suffix_appends_to_last_tool_result() -> None:
     guards = (RepeatReminder(build(RepeatReminderConfig, {"inject_as": "tool_suffix"}, RR)),)
     msgs = orjson.loads(decide(request_bytes("go", *[READ_A] * 3), guards).body)["messages"]
     assert [m["role"] for m in msgs] == ["system", "user"] + ["assistant", "tool"] * 3
-    assert msgs[7]["content"] == "result of call_2\n\n" + GENTLE_TEXT
+    assert msgs[7]["content"] == "result of read_file\n\n" + GENTLE_TEXT
 
 
 def test_decide_same_bytes_twice_identical_output() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -95,7 +96,7 @@ def test_new_turn_is_guarded_afresh_and_stops_again_after_two_more_denials() -> 
         messages.append(
             {"role": "assistant", "content": None, "tool_calls": [tool_call("read_file", ARGS, f"c{i}")]}
         )
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "x"})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "print('hi')"})  # same result
     stop = judge_for(messages)([call()])
     assert stop is not None and (stop.reason, stop.count) == ("denials", 11)
 
@@ -176,9 +177,14 @@ def test_pending_step_extends_the_transcript() -> None:
     assert ext.steps == again.steps
     assert ext.newest_step == again.newest_step == 2
     assert ext.message_count == again.message_count
-    assert [(c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in ext.calls] == [
-        (c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in again.calls
+    assert [(c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in ext.calls[:2]] == [
+        (c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in again.calls[:2]
     ]
+    # the placeholders are the parsed empty results, marked pending (issue 7: never compared)
+    assert [dataclasses.replace(c.result, pending=False) for c in ext.calls[2:] if c.result] == [
+        c.result for c in again.calls[2:]
+    ]
+    assert [c.result.pending for c in ext.calls if c.result] == [False, False, True, True]
 
 
 # --- runaway ---------------------------------------------------------------------------------------

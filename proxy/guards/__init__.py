@@ -16,6 +16,7 @@ from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.narration import Narration
 from proxy.guards.repeat_reminder import RepeatReminder
 from proxy.guards.turn_guard import TurnGuard
+from proxy.progress import DEFAULT_MASKS, Masks
 from proxy.state import ConversationState
 from proxy.transcript import Transcript
 
@@ -35,14 +36,15 @@ class Context:
 Guard = Callable[[Transcript, Context], list[Action]]
 
 
-def build_guards(cfg: GuardsConfig) -> tuple[Guard, ...]:
+def build_guards(cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
-    (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0)."""
+    (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0).
+    ``masks``: the compiled ``progress.masks`` for guards with ``progress_aware``."""
     turn = cfg.turn_guard
     registry: list[tuple[bool, Callable[[], Guard]]] = [
-        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder)),
-        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker)),
-        (turn.enabled, lambda: TurnGuard(turn)),
+        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, masks)),
+        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, masks)),
+        (turn.enabled, lambda: TurnGuard(turn, masks)),
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
     ]
     return tuple(make() for enabled, make in registry if enabled)

@@ -13,6 +13,12 @@ Rules:
   - ``duplicate``: when ``duplicate_limit`` calls with its canonical key (DESIGN §5, with
     ``ignore_args`` dropped) are already among the last ``window`` executed calls.
   The cap is checked first, so once it is reached every later denial is of kind ``cap``.
+- ``progress_aware`` (issue 7): a call whose key was seen before counts as a duplicate only when
+  its result equals the previous result for that key after masking volatile spans
+  (:mod:`proxy.progress`); a new result is progress: the call runs and is not counted (it does not
+  enter the duplicate count; it still counts towards the lifetime cap). A call whose result has not
+  arrived is judged by the previous pair. So only results identical to one the model already has
+  are ever withheld as duplicates.
 - Denied calls do not enter the window and do not count as executed. Every other guarded call is
   executed, *whether or not its result is in the request yet*: verdicts depend only on the sequence
   of calls, so a result arriving on a later request never changes the verdict of any call.
@@ -35,6 +41,7 @@ from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
+from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
 from proxy.transcript import Transcript
 
 RULE = "circuit_breaker"
@@ -58,12 +65,13 @@ CAP_TEXT = (
 class CircuitBreaker:
     """Guard callable: ``CircuitBreaker(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_exempt", "_ignore", "_only", "_texts")
+    __slots__ = ("_cfg", "_exempt", "_ignore", "_masks", "_only", "_texts")
 
     name = RULE
 
-    def __init__(self, cfg: CircuitBreakerConfig) -> None:
+    def __init__(self, cfg: CircuitBreakerConfig, masks: Masks = DEFAULT_MASKS) -> None:
         self._cfg = cfg
+        self._masks = masks
         self._exempt = NamePatterns(cfg.exempt)
         self._only = NamePatterns(cfg.only)
         self._ignore = frozenset(cfg.ignore_args)
@@ -80,28 +88,33 @@ class CircuitBreaker:
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         cfg = self._cfg
         cap = cfg.max_calls_per_agent
-        window: deque[tuple[str, str]] = deque()
+        window: deque[tuple[str, str] | None] = deque()
         in_window: Counter[tuple[str, str]] = Counter()
         seen: Counter[tuple[str, str]] = Counter()
         guarded = 0
         executed = 0
+        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
         actions: list[Action] = []
         for call in transcript.calls:
             if not self.guarded(call.name):
                 continue
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
             guarded += 1
-            seen[key] += 1
+            # progress: the key was seen before, but the result is new (a first call never is)
+            progress = judge is not None and not judge.repeats(key, call.result) and key in seen
+            if not progress:
+                seen[key] += 1
             if cap and executed >= cap:
                 kind, count, limit = CAP, guarded, cap
-            elif in_window[key] >= cfg.duplicate_limit:
+            elif not progress and in_window[key] >= cfg.duplicate_limit:
                 kind, count, limit = DUPLICATE, seen[key], cfg.duplicate_limit
             else:
                 executed += 1
-                window.append(key)
-                in_window[key] += 1
-                if len(window) > cfg.window:
-                    in_window[window.popleft()] -= 1
+                window.append(None if progress else key)  # a progress call takes a slot, uncounted
+                if not progress:
+                    in_window[key] += 1
+                if len(window) > cfg.window and (old := window.popleft()) is not None:
+                    in_window[old] -= 1
                 continue
             if call.result is None:
                 continue

@@ -7,6 +7,10 @@ Rules:
   ``exclude`` removes. Untracked calls are transparent (neither count nor reset the chain).
 - The chain counts consecutive tracked calls with the same canonical key (DESIGN §5, with
   ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it.
+- ``progress_aware`` (issue 7): a call with the same key continues the chain only when its result
+  equals the previous call's after masking volatile spans (:mod:`proxy.progress`); a new result is
+  progress and restarts the chain at 1. A call whose result has not arrived is judged by the
+  previous pair.
   Parallel calls in one step count in listed order.
 - A reminder fires when the count *equals* a threshold. The lowest threshold gives a short generic
   nudge; higher ones a detailed reminder with ``- tool:``, ``- consecutive_calls:`` and
@@ -21,6 +25,7 @@ from proxy.actions import Action, Remind
 from proxy.canonical import canonical_arguments
 from proxy.config import RepeatReminderConfig
 from proxy.patterns import NamePatterns
+from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
 from proxy.transcript import Transcript
 
 RULE = "repeat_reminder"
@@ -51,12 +56,13 @@ def preview(text: str, limit: int) -> str:
 class RepeatReminder:
     """Guard callable: ``RepeatReminder(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_thresholds")
+    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_masks", "_thresholds")
 
     name = RULE
 
-    def __init__(self, cfg: RepeatReminderConfig) -> None:
+    def __init__(self, cfg: RepeatReminderConfig, masks: Masks = DEFAULT_MASKS) -> None:
         self._cfg = cfg
+        self._masks = masks
         self._include = NamePatterns(cfg.include)
         self._exclude = NamePatterns(cfg.exclude)
         self._ignore = frozenset(cfg.ignore_args)
@@ -74,11 +80,13 @@ class RepeatReminder:
         prev_key: tuple[str, str] | None = None
         prev_turn = -1
         count = 0
+        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
         for call in transcript.calls:
             if not self.tracked(call.name):
                 continue
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-            if call.turn != prev_turn or key != prev_key:
+            progress = judge is not None and not judge.repeats(key, call.result)
+            if call.turn != prev_turn or key != prev_key or progress:
                 count = 0
             count += 1
             prev_key, prev_turn = key, call.turn

@@ -12,7 +12,10 @@ Rules:
 - A call *trips* when, counting it,
   - ``same_call``: it is at least the ``max_same_call``-th call in the turn with its canonical key
     (DESIGN §5; the free-text fields of :data:`~proxy.config.DEFAULT_IGNORE_ARGS` dropped);
-    repeats need not be consecutive;
+    repeats need not be consecutive. With ``progress_aware`` (issue 7) a call counts only when its
+    result equals the previous result of that call in the turn after masking volatile spans
+    (:mod:`proxy.progress`; a result not arrived yet is judged by the previous pair): polling a job
+    whose status changes is progress, not a repeat;
   - ``same_target``: it is at least the ``max_same_target``-th call in the turn on one target
     (:mod:`proxy.targets`; tools and arguments may differ). A command target also counts as a call
     on each of its words that is a plain (path, URL) target of this turn: ``bash {"command":
@@ -47,6 +50,7 @@ from proxy.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
 from proxy.facts import annotate
 from proxy.failures import FailureRule
 from proxy.guards.repeat_reminder import preview
+from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
 from proxy.targets import TargetRule, path_key
 from proxy.transcript import ToolCall, Transcript
 
@@ -168,12 +172,13 @@ def _fold(run: int, flags: Sequence[bool | None]) -> int:
 class TurnGuard:
     """Guard callable: ``TurnGuard(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_failures", "_ignore", "_memo", "_targets")
+    __slots__ = ("_cfg", "_failures", "_ignore", "_masks", "_memo", "_targets")
 
     name = RULE
 
-    def __init__(self, cfg: TurnGuardConfig) -> None:
+    def __init__(self, cfg: TurnGuardConfig, masks: Masks = DEFAULT_MASKS) -> None:
         self._cfg = cfg
+        self._masks = masks
         self._targets = TargetRule(overrides=cfg.targets)
         self._failures = FailureRule(cfg.failure_patterns) if cfg.max_failures else None
         self._ignore = frozenset(DEFAULT_IGNORE_ARGS)
@@ -195,13 +200,17 @@ class TurnGuard:
         paths: set[str] = set()  # plain (non-command) targets of the turn so far
         run, step, flags = 0, -1, []
         trips: list[Trip] = []
+        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
         for index, facts in enumerate(annotate(calls, self._targets, self._failures), 1):
             call, target = facts.call, facts.target
             if call.step != step:
                 run, step, flags = _fold(run, flags), call.step, []
             flags.append(facts.failed)
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-            same_call[key] += 1
+            # progress (seen before, new result) does not count as the same call again
+            counted = judge is None or judge.repeats(key, call.result) or key not in same_call
+            if counted:
+                same_call[key] += 1
             t_key, t_count = None, 0
             if target is not None:
                 mine = target.value if target.is_command else path_key(target.value)
@@ -217,7 +226,7 @@ class TurnGuard:
                         t_key, t_count = w, on[w]
             else:
                 call_targets.setdefault(key, None)
-            if cfg.max_same_call and same_call[key] >= cfg.max_same_call:
+            if cfg.max_same_call and counted and same_call[key] >= cfg.max_same_call:
                 reason, count, limit = SAME_CALL, same_call[key], cfg.max_same_call
             elif cfg.max_same_target and t_count >= cfg.max_same_target:
                 reason, count, limit = SAME_TARGET, t_count, cfg.max_same_target
