@@ -205,11 +205,131 @@ class TurnGuardConfig:
                 raise ConfigError(f"{path}.failure_patterns[{i}]", f"is rejected: {e}") from None
 
 
+#: Result texts that say the user rejected a call (``guards.repeated_failure.rejection_patterns``).
+DEFAULT_REJECTION_PATTERNS: tuple[str, ...] = (
+    r"(?i)\buser (?:has )?(?:rejected|denied|declined)\b",
+    r"(?i)\b(?:rejected|denied|declined) by the user\b",
+    r"(?i)\buser doesn't want to proceed\b",
+)
+
+
+def _check_range(obj: Any, path: str, name: str, low: int, zero_ok: bool = False) -> None:
+    value = getattr(obj, name)
+    if value < low and not (zero_ok and value == 0):
+        off = "0 (off) or " if zero_ok else ""
+        raise ConfigError(f"{path}.{name}", f"must be {off}an integer >= {low}")
+
+
+@dataclass(frozen=True)
+class RecurrenceConfig:
+    """R2 (issue 7): the same call for the ``occurrences``-th time among the last ``window`` calls
+    of a turn, not all in a row (:mod:`proxy.guards.recurrence`). Advisory."""
+
+    enabled: bool = True
+    occurrences: int = 3
+    window: int = 20
+    progress_aware: bool = True
+    ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "occurrences", 2)
+        if self.window < self.occurrences:
+            raise ConfigError(
+                f"{path}.window", f"must be >= occurrences ({self.occurrences}), got {self.window}"
+            )
+
+
+@dataclass(frozen=True)
+class CyclesConfig:
+    """R5 (issue 7): the turn's last calls are a period of ``min_period``..``max_period`` calls
+    repeated ``repetitions`` times, calls compared by tool and target (:mod:`proxy.guards.cycles`).
+    Reminder; the ``withhold_at``-th repetition is withheld (0 = never)."""
+
+    enabled: bool = True
+    min_period: int = 2
+    max_period: int = 5
+    repetitions: int = 3
+    withhold_at: int = 4
+    progress_aware: bool = True
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "min_period", 2)
+        if self.max_period < self.min_period:
+            raise ConfigError(f"{path}.max_period", f"must be >= min_period ({self.min_period})")
+        if self.max_period > 20:
+            raise ConfigError(f"{path}.max_period", "must be <= 20")
+        _check_range(self, path, "repetitions", 2)
+        if self.withhold_at and self.withhold_at <= self.repetitions:
+            raise ConfigError(f"{path}.withhold_at", f"must be 0 (off) or > repetitions ({self.repetitions})")
+
+
+@dataclass(frozen=True)
+class RepeatedFailureConfig:
+    """R4 (issue 7): ``failures`` failed results in a row from one tool on one target (0 = off),
+    and (``reissue``) a call identical to one that failed or was rejected
+    (:mod:`proxy.guards.repeated_failure`). Advisory."""
+
+    enabled: bool = True
+    failures: int = 3
+    reissue: bool = True
+    rejection_patterns: tuple[str, ...] = DEFAULT_REJECTION_PATTERNS
+    error_preview_chars: int = 200
+    ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "failures", 2, zero_ok=True)
+        _check_range(self, path, "error_preview_chars", 1)
+        for i, pattern in enumerate(self.rejection_patterns):
+            try:
+                compile_pattern(pattern)
+            except re.error as e:
+                raise ConfigError(
+                    f"{path}.rejection_patterns[{i}]", f"is not a valid regular expression: {e}"
+                ) from None
+            except ValueError as e:
+                raise ConfigError(f"{path}.rejection_patterns[{i}]", f"is rejected: {e}") from None
+
+
+@dataclass(frozen=True)
+class MonologueConfig:
+    """R6 (issue 7): the same assistant text in ``repeats`` assistant messages in a row, or
+    text-only replies each answered with the same message (:mod:`proxy.guards.monologue`).
+    Reminder; the response side stops the turn at the ``stop_at``-th (0 = never)."""
+
+    enabled: bool = True
+    repeats: int = 3
+    stop_at: int = 4
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "repeats", 2)
+        if self.stop_at and self.stop_at <= self.repeats:
+            raise ConfigError(f"{path}.stop_at", f"must be 0 (off) or > repeats ({self.repeats})")
+
+
+@dataclass(frozen=True)
+class EchoLoopConfig:
+    """The same command template re-run with only quoted literals changed while the result just
+    echoes them (:mod:`proxy.guards.echo_loop`): reminder at the ``repeats``-th run in a row."""
+
+    enabled: bool = True
+    repeats: int = 3
+    min_literal_chars: int = 2
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "repeats", 2)
+        _check_range(self, path, "min_literal_chars", 1)
+
+
 @dataclass(frozen=True)
 class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
     turn_guard: TurnGuardConfig = field(default_factory=TurnGuardConfig)
+    recurrence: RecurrenceConfig = field(default_factory=RecurrenceConfig)
+    cycles: CyclesConfig = field(default_factory=CyclesConfig)
+    repeated_failure: RepeatedFailureConfig = field(default_factory=RepeatedFailureConfig)
+    monologue: MonologueConfig = field(default_factory=MonologueConfig)
+    echo_loop: EchoLoopConfig = field(default_factory=EchoLoopConfig)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
   - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
     (kind ``cap``).
+  - (issue 7) the response's text would make ``guards.monologue.stop_at`` assistant messages in
+    a row with the same text (kind ``monologue``; :meth:`proxy.guards.monologue.Monologue.stop_count`,
+    the request-side rule's own count, no guard run needed).
   A user message starts a new turn (no withheld results yet), so a stopped conversation the user
   continues is guarded afresh; the cap is never reset. The judge only runs the guards when one of
   the two can fire (enough withheld results, or enough calls in the conversation to reach the cap),
@@ -40,9 +43,11 @@ from proxy.assemble import AssembledCall
 from proxy.canonical import canonical_arguments, parse_arguments
 from proxy.config import Config, ResponseConfig, StopConfig
 from proxy.degenerate import RepetitionDetector
+from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard, evaluate
 from proxy.guards.circuit_breaker import CAP
 from proxy.guards.circuit_breaker import RULE as BREAKER
+from proxy.guards.monologue import Monologue
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"
@@ -65,8 +70,19 @@ CAP_TEXT = (
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
+#: Stop kind (issue 7): the response repeats the same text as the assistant messages before it.
+MONOLOGUE = "monologue"
+MONOLOGUE_TEXT = (
+    "[loopguard] Stopped: the model wrote the same message {count} times in a row, so loopguard "
+    "ended its turn here; the tool calls of that last reply were not run. Send a message to "
+    "continue."
+)
+
+
 def stop_template(cfg: StopConfig, kind: str) -> str:
-    return cfg.message or (CAP_TEXT if kind == CAP else DENIALS_TEXT)
+    if cfg.message:
+        return cfg.message
+    return {CAP: CAP_TEXT, MONOLOGUE: MONOLOGUE_TEXT}.get(kind, DENIALS_TEXT)
 
 
 def call_key(call: AssembledCall) -> tuple[str, str]:
@@ -110,7 +126,7 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
 class StopJudge:
     """``judge(calls) -> Stop | None`` for one request: would these response calls end the turn?"""
 
-    __slots__ = ("_after", "_cap", "_cfg", "_ctx", "_guards", "_transcript", "withheld")
+    __slots__ = ("_after", "_cap", "_cfg", "_ctx", "_guards", "_monologue", "_transcript", "withheld")
 
     def __init__(
         self,
@@ -127,6 +143,8 @@ class StopJudge:
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
         self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
+        # monologue (issue 7): the request-side rule says how long the same-text run would get
+        self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
         last_user = transcript.user_positions[-1] if transcript.user_positions else -1
         #: withheld results in the current turn of the request (fresh and re-derived)
         self.withheld = len(
@@ -137,15 +155,17 @@ class StopJudge:
     def enabled(cfg: Config) -> bool:
         breaker = cfg.guards.circuit_breaker
         cap = cfg.stop.on_cap and breaker.enabled and breaker.max_calls_per_agent > 0
-        return cfg.stop.after_ignored_denials > 0 or cap
+        monologue = cfg.guards.monologue.enabled and cfg.guards.monologue.stop_at > 0
+        return cfg.stop.after_ignored_denials > 0 or cap or monologue
 
-    def __call__(self, calls: Sequence[AssembledCall]) -> Stop | None:
+    def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
+        """``calls``: the response's tool calls; ``text``: its content (for the monologue stop)."""
         if not calls:
             return None
         by_denials = 0 < self._after <= self.withheld
         by_cap = 0 < self._cap < len(self._transcript.calls) + len(calls)
         if not (by_denials or by_cap):
-            return None
+            return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
         denied = sorted(
             (a for a in evaluate(extended, self._guards, self._ctx) if isinstance(a, Withhold)),
@@ -157,7 +177,21 @@ class StopJudge:
             return self._stop(CAP, capped[0], capped[0].limit)
         if by_denials and denied:
             return self._stop(DENIALS, denied[0], self._after)
-        return None
+        return self._monologue_stop(calls, text)
+
+    def _monologue_stop(self, calls: Sequence[AssembledCall], text: str) -> Stop | None:
+        """Stop when ``text`` would be the ``monologue.stop_at``-th same message in a row."""
+        if self._monologue is None or not text:
+            return None
+        limit = self._monologue.config.stop_at
+        count = self._monologue.stop_count(self._transcript, text)
+        if count < limit:
+            return None
+        tool = calls[0].name if calls else ""
+        body = stop_template(self._cfg, MONOLOGUE).format(
+            tool=tool, count=count, limit=limit, kind=MONOLOGUE, denials=self.withheld
+        )
+        return Stop(text=body, rule=STOP_RULE, tool=tool, count=count, limit=limit, reason=MONOLOGUE)
 
     def _stop(self, kind: str, w: Withhold, limit: int | None) -> Stop:
         text = stop_template(self._cfg, kind).format(
@@ -268,7 +302,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
         kept = calls[: cut.count] if cut else calls
         if cut:
             actions.append(cut)
-        stop = judge(kept) if judge is not None else None
+        stop = judge(kept, content_text(msg.get("content"))) if judge is not None else None
         if stop is not None:
             actions.append(stop)
             msg["content"] = append_text(msg.get("content"), stop.text)
@@ -305,7 +339,7 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         return []
-    patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP)}
+    patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
     out: list[Stop] = []
     for msg in messages:
         if not isinstance(msg, dict) or msg.get("role") != "assistant" or msg.get("tool_calls"):

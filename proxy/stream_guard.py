@@ -72,6 +72,7 @@ class _Choice:
     content: RepetitionDetector | None = None
     reasoning: RepetitionDetector | None = None
     text_seen: bool = False
+    text: list[str] = field(default_factory=list)  # content so far, for the monologue stop
     finished: bool = False
     pending: bool = False  # call deltas held, no decision yet
     complete: int = 0  # calls known to be complete
@@ -242,6 +243,7 @@ class StreamGuard:
                 continue
             if key == "content":
                 ch.text_seen = True
+                ch.text.append(text)
             det = ch.content if key == "content" else ch.reasoning
             rep = det.feed(text) if det is not None else None
             if rep is not None and found is None:
@@ -272,7 +274,7 @@ class StreamGuard:
         kept = calls[: cut.count] if cut else calls
         if cut is not None:
             self.actions.append(cut)
-        stop = self._judge(kept) if self._judge is not None and kept else None
+        stop = self._judge(kept, "".join(ch.text)) if self._judge is not None and kept else None
         if stop is not None:
             self.actions.append(stop)
             ch.drop_calls = True

@@ -65,6 +65,20 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class Said:
+    """One user or assistant message, for rules that read what was said (monologue).
+
+    ``position``: its message index. ``role``: ``"user"`` or ``"assistant"``. ``text``: its content
+    as text. ``has_calls``: an assistant message that also made tool calls (its step follows).
+    """
+
+    position: int
+    role: str
+    text: str
+    has_calls: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Transcript:
     """Everything the guards read about one request.
 
@@ -78,6 +92,8 @@ class Transcript:
     assistant_text_positions: tuple[int, ...]
     message_count: int
     newest_step: int | None
+    #: user and assistant messages in order (text as said); empty when the dialect does not say
+    said: tuple[Said, ...] = ()
 
     def is_fresh(self, step: int) -> bool:
         """True when actions on ``step`` are new decisions rather than re-derived ones."""

@@ -370,7 +370,11 @@ def test_defaults() -> None:
     assert cfg.only == ()
     assert cfg.ignore_args == ("description", "explanation", "reason", "thought", "purpose")
     assert (cfg.deny_message, cfg.incident_log) == ("", "")
-    assert [type(g).__name__ for g in build_guards(Config().guards)] == ["RepeatReminder", "CircuitBreaker"]
+    assert [type(g).__name__ for g in build_guards(Config().guards)] == [
+        "RepeatReminder",
+        "CircuitBreaker",
+        *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # issue 7
+    ]
 
 
 @pytest.mark.parametrize(

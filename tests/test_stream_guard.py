@@ -27,7 +27,7 @@ class Judge:
         self.verdict = verdict
         self.asked: list[list[tuple[str | None, str, str]]] = []
 
-    def __call__(self, calls: Sequence[AssembledCall]) -> Stop | None:
+    def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
         self.asked.append([(c.id, c.name, c.arguments_json()) for c in calls])
         return self.verdict
 
@@ -330,7 +330,7 @@ def test_two_choices_are_decided_separately() -> None:
     )
 
     class OnlyReadFile(Judge):
-        def __call__(self, calls: Sequence[AssembledCall]) -> Stop | None:
+        def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
             super().__call__(calls)
             return STOP if calls[0].name == "read_file" else None
 

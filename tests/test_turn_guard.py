@@ -20,6 +20,8 @@ from tests.fakes import only_guard
 
 OK = "ok"
 FAIL = "Error: boom"
+#: the rules of issue 7, on by default, registered after turn_guard and narration
+ISSUE7_RULES = ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")
 
 
 def guard(**cfg: Any) -> TurnGuard:
@@ -366,8 +368,10 @@ def test_registered_after_circuit_breaker_with_narration_last() -> None:
         "circuit_breaker",
         "turn_guard",
         "narration",
+        *ISSUE7_RULES,
     ]
-    assert [g.name for g in build_guards(Config().guards)] == ["repeat_reminder", "circuit_breaker"]
+    defaults = [g.name for g in build_guards(Config().guards)]
+    assert defaults == ["repeat_reminder", "circuit_breaker", *ISSUE7_RULES]
     no_narration = build(Config, only_guard("turn_guard", narrate_after_ms=0))
     (only,) = build_guards(no_narration.guards)
     assert isinstance(only, TurnGuard) and not isinstance(only, Narration)

@@ -21,7 +21,7 @@ from typing import Any
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
 from proxy.errors import DialectError
-from proxy.transcript import Step, ToolCall, ToolResult, Transcript
+from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript
 
 PATH_SUFFIX = "/chat/completions"
 
@@ -52,6 +52,7 @@ def parse_request(body: Any) -> Transcript:
     steps: list[dict[str, Any]] = []
     users: list[int] = []
     texts: list[int] = []
+    said: list[Said] = []
     pending: dict[str | None, deque[int]] = defaultdict(deque)
     turn = 0
     last_kind = ""
@@ -63,9 +64,11 @@ def parse_request(body: Any) -> Transcript:
         if role == "user":
             turn += 1
             users.append(pos)
+            said.append(Said(pos, "user", content_text(msg.get("content"))))
             last_kind = "user"
         elif role == "assistant":
-            if content_text(msg.get("content")).strip():
+            text = content_text(msg.get("content"))
+            if text.strip():
                 texts.append(pos)
             wire_calls = msg.get("tool_calls")
             entries: list[tuple[str | None, Any, Any]] = []
@@ -81,6 +84,7 @@ def parse_request(body: Any) -> Transcript:
             fc = msg.get("function_call")
             if not entries and isinstance(fc, dict):
                 entries.append((None, fc.get("name"), fc.get("arguments")))
+            said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None}
                 steps.append(step)
@@ -134,6 +138,7 @@ def parse_request(body: Any) -> Transcript:
         assistant_text_positions=tuple(texts),
         message_count=len(messages),
         newest_step=newest,
+        said=tuple(said),
     )
 
 

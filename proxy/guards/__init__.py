@@ -13,11 +13,17 @@ from dataclasses import dataclass
 from proxy.actions import Action
 from proxy.config import GuardsConfig
 from proxy.guards.circuit_breaker import CircuitBreaker
+from proxy.guards.cycles import Cycles
+from proxy.guards.echo_loop import EchoLoop
+from proxy.guards.monologue import Monologue
 from proxy.guards.narration import Narration
+from proxy.guards.recurrence import Recurrence
 from proxy.guards.repeat_reminder import RepeatReminder
+from proxy.guards.repeated_failure import RepeatedFailure
 from proxy.guards.turn_guard import TurnGuard
 from proxy.progress import DEFAULT_MASKS, Masks
 from proxy.state import ConversationState
+from proxy.targets import TargetRule
 from proxy.transcript import Transcript
 
 
@@ -41,11 +47,23 @@ def build_guards(cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS) -> tuple[Guard
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0).
     ``masks``: the compiled ``progress.masks`` for guards with ``progress_aware``."""
     turn = cfg.turn_guard
+    inject = cfg.repeat_reminder.inject_as
+    targets = TargetRule(overrides=turn.targets)
     registry: list[tuple[bool, Callable[[], Guard]]] = [
         (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, masks)),
         (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, masks)),
         (turn.enabled, lambda: TurnGuard(turn, masks)),
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
+        # issue 7: beyond exact repeats (reminders use repeat_reminder's inject_as; targets and
+        # failures as turn_guard defines them)
+        (cfg.recurrence.enabled, lambda: Recurrence(cfg.recurrence, inject, masks)),
+        (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, masks, targets)),
+        (
+            cfg.repeated_failure.enabled,
+            lambda: RepeatedFailure(cfg.repeated_failure, inject, targets, turn.failure_patterns),
+        ),
+        (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject)),
+        (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, masks)),
     ]
     return tuple(make() for enabled, make in registry if enabled)
 

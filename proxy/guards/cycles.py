@@ -1,0 +1,143 @@
+"""cycles (R5, issue 7): the turn's calls going round a cycle of 2-5 steps — reminder, then
+withhold.
+
+Rules:
+- Per turn, each call is reduced to its *identity*: tool name and target (:mod:`proxy.targets`,
+  the ``turn_guard.targets`` overrides; a leading ``./`` ignored), or, for a call without a
+  target, tool name and canonical arguments. Arguments of targeted calls may differ: an
+  edit/write ping-pong on one file with different content is a cycle; the same sequence over
+  different files (a per-item batch) is not, because the targets differ.
+- The calls up to call *i* end in a cycle of period *p* (``min_period``..``max_period``) when
+  each of the last ``p * (n - 1)`` identities equals the one *p* calls before it; *n* is the
+  number of repetitions. A period whose block is one identity repeated (A A) is an exact repeat,
+  left to the repeat rules. The smallest matching period is reported.
+- When the cycle reaches ``repetitions`` (3) repetitions, a reminder describing the cycle goes
+  after the completing call's step. From ``withhold_at`` (4) repetitions on, every call that
+  continues the cycle has its result withheld — with ``progress_aware``, only when every call
+  of the last round (the last *p* calls) got the same result (masked, :mod:`proxy.progress`) as
+  the call one period before it: a cycle where something changes (re-reading a file after each
+  edit) is still getting somewhere. A result not yet known is judged by the previous pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.actions import Action, Delivery, Withhold
+from proxy.canonical import canonical_arguments
+from proxy.config import CyclesConfig
+from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import known, remind_after_step, turns
+from proxy.progress import DEFAULT_MASKS, Masks, same_result
+from proxy.targets import TargetRule, path_key
+from proxy.transcript import ToolCall, Transcript
+
+RULE = "cycles"
+STEP_PREVIEW_CHARS = 120
+
+REMIND_TEXT = (
+    "[loopguard] You are going in circles: the same {period} steps have now repeated {count} "
+    "times in a row:\n{steps}\n"
+    "Another round will end the same way. Stop and rethink: what did these results tell you, "
+    "and what different step would get you further? If you are stuck, tell the user."
+)
+WITHHOLD_TEXT = (
+    "[loopguard] The result of this call is withheld: it continues a cycle of {period} steps "
+    "({cycle}) that you have now repeated {count} times without a different outcome. Break the "
+    "cycle: use the results you already have, try a different approach, or tell the user what is "
+    "blocking you."
+)
+
+
+def _block_period_is(block: Sequence[tuple[str, str]], period: int) -> bool:
+    """True when ``block`` (one period) is not itself a repetition of a shorter block."""
+    for d in range(1, period):
+        if period % d == 0 and all(block[k] == block[k - d] for k in range(d, period)):
+            return False
+    return True
+
+
+class Cycles:
+    """Guard callable: ``Cycles(cfg)(transcript, ctx) -> list[Remind | Withhold]``."""
+
+    __slots__ = ("_cfg", "_delivery", "_masks", "_targets")
+
+    name = RULE
+
+    def __init__(
+        self,
+        cfg: CyclesConfig,
+        delivery: Delivery = "user",
+        masks: Masks = DEFAULT_MASKS,
+        targets: TargetRule | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+        self._masks = masks
+        self._targets = targets or TargetRule()
+
+    def identity(self, call: ToolCall) -> tuple[str, str]:
+        target = self._targets(call.name, call.arguments)
+        if target is not None:
+            return call.name, target.value if target.is_command else path_key(target.value)
+        return call.name, "\0" + canonical_arguments(call.arguments, call.arguments_raw)
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        actions: list[Action] = []
+        for calls in turns(transcript.calls):
+            actions.extend(self._turn(transcript, calls))
+        return actions
+
+    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall]) -> list[Action]:
+        cfg = self._cfg
+        periods = range(cfg.min_period, cfg.max_period + 1)
+        ids = [self.identity(c) for c in calls]
+        run = dict.fromkeys(periods, 0)  # identities in a row equal to the one p calls earlier
+        nop: list[bool] = []  # per call: its result repeats the one a period earlier
+        actions: list[Action] = []
+        for i, call in enumerate(calls):
+            for p in periods:
+                run[p] = run[p] + 1 if i >= p and ids[i] == ids[i - p] else 0
+            found = next(
+                (p for p in periods if run[p] >= p and _block_period_is(ids[i - p + 1 : i + 1], p)), None
+            )
+            if found is None:
+                nop.append(False)
+                continue
+            p = found
+            if known(call.result):
+                nop.append(same_result(call.result, calls[i - p].result, self._masks))
+            else:
+                nop.append(nop[i - p])
+            count = run[p] // p + 1  # repetitions, counting the first
+            complete = run[p] % p == 0
+            if complete and count == cfg.repetitions:
+                steps = "\n".join(
+                    f"  {k}. {name} {preview(target.lstrip(chr(0)), STEP_PREVIEW_CHARS)}"
+                    for k, (name, target) in enumerate(ids[i - p + 1 : i + 1], 1)
+                )
+                text = REMIND_TEXT.format(period=p, count=count, steps=steps)
+                remind = remind_after_step(
+                    transcript, call, text, RULE, count, cfg.repetitions, self._delivery
+                )
+                if remind is not None:
+                    actions.append(remind)
+            withhold = cfg.withhold_at and run[p] >= p * (cfg.withhold_at - 1)
+            stale = all(nop[i - p + 1 : i + 1])  # no call of the last round got a new result
+            if not withhold or (cfg.progress_aware and not stale) or call.result is None:
+                continue
+            cycle = " → ".join(name for name, _ in ids[i - p + 1 : i + 1])
+            actions.append(
+                Withhold(
+                    position=call.result.position,
+                    call_id=call.call_id,
+                    text=WITHHOLD_TEXT.format(period=p, cycle=cycle, count=count),
+                    rule=RULE,
+                    tool=call.name,
+                    count=count,
+                    limit=cfg.withhold_at,
+                    fresh=transcript.is_fresh(call.step),
+                    reason="cycle",
+                )
+            )
+        return actions

@@ -1,0 +1,120 @@
+"""echo_loop (issue 7, fixture T3): the same command template re-run with only quoted literals
+changed, while its output just echoes them back — advisory.
+
+Rules, per turn:
+- A call's *template* is its tool name and canonical arguments with every quoted literal inside
+  a string argument (``'…'`` or ``"…"`` on one line) replaced by a placeholder. Its *literals*
+  are those quoted texts of at least ``min_literal_chars`` characters.
+- A call *echoes* when its arguments differ from the previous call's but its template is the
+  same, at least one of its literals that the previous call did not have appears in its
+  result, and its result with its literals removed equals the previous call's result with that
+  call's literals removed (both masked, :mod:`proxy.progress`): the output carries nothing but
+  the changed literal. ``cat "a.py"`` then ``cat "b.py"`` do not echo (file contents are new), nor
+  do ``touch "a"``, ``touch "b"`` (nothing echoed), nor a poll with the same arguments.
+- Consecutive echoing calls form a chain (the first call of the template counts as 1); a
+  reminder fires when it reaches ``repeats`` (3).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from proxy.actions import Action, Delivery
+from proxy.canonical import canonical_arguments
+from proxy.config import EchoLoopConfig
+from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import known, remind_after_step, turns
+from proxy.progress import DEFAULT_MASKS, Masks, mask
+from proxy.transcript import ToolCall, Transcript
+
+RULE = "echo_loop"
+PREVIEW_CHARS = 300
+_LITERAL = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
+PLACEHOLDER = "'\u2026'"
+
+TEXT = (
+    "[loopguard] Your last {count} calls ran the same {tool} command with only a quoted text "
+    "changed, and each output just echoed that text back:\n"
+    "- template: {template}\n"
+    "Nothing is being done: these runs change no file and produce no new information. Write the "
+    "actual code or command the task needs, or tell the user what is blocking you."
+)
+
+
+def _literals(value: Any, out: list[str]) -> Any:
+    """``value`` with quoted literals in its strings masked; the literals appended to ``out``."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            out.append(m.group(1) if m.group(1) is not None else m.group(2))
+            return PLACEHOLDER
+
+        return _LITERAL.sub(sub, value)
+    if isinstance(value, list):
+        return [_literals(v, out) for v in value]
+    if isinstance(value, dict):
+        return {k: _literals(v, out) for k, v in value.items()}
+    return value
+
+
+class EchoLoop:
+    """Guard callable: ``EchoLoop(cfg)(transcript, ctx) -> list[Remind]``."""
+
+    __slots__ = ("_cfg", "_delivery", "_masks")
+
+    name = RULE
+
+    def __init__(
+        self, cfg: EchoLoopConfig, delivery: Delivery = "user", masks: Masks = DEFAULT_MASKS
+    ) -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+        self._masks = masks
+
+    def shape(self, call: ToolCall) -> tuple[str, str, frozenset[str]]:
+        """Exact canonical arguments, template, literals of ``call``."""
+        exact = canonical_arguments(call.arguments, call.arguments_raw)
+        found: list[str] = []
+        if isinstance(call.arguments, dict | list):
+            masked = _literals(call.arguments, found)
+            template = canonical_arguments(masked, None)
+        else:
+            template = exact
+        lits = frozenset(x for x in found if len(x) >= self._cfg.min_literal_chars)
+        return exact, template, lits
+
+    def residue(self, call: ToolCall, lits: frozenset[str]) -> str | None:
+        if not known(call.result):
+            return None
+        assert call.result is not None
+        text = call.result.text
+        for lit in sorted(lits, key=len, reverse=True):
+            text = text.replace(lit, "")
+        return mask(text, self._masks)
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        cfg = self._cfg
+        actions: list[Action] = []
+        for calls in turns(transcript.calls):
+            prev: tuple[str, str, str, frozenset[str], str | None] | None = None
+            chain = 0
+            for call in calls:
+                exact, template, lits = self.shape(call)
+                rest = self.residue(call, lits)
+                echoes = False
+                if prev is not None and prev[0] == call.name and prev[2] == template and prev[1] != exact:
+                    new = lits - prev[3]
+                    text = call.result.text if known(call.result) and call.result is not None else ""
+                    echoes = (
+                        bool(new) and any(lit in text for lit in new) and rest is not None and rest == prev[4]
+                    )
+                chain = chain + 1 if echoes else 1
+                prev = (call.name, exact, template, lits, rest)
+                if chain != cfg.repeats:
+                    continue
+                msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
+                action = remind_after_step(transcript, call, msg, RULE, chain, cfg.repeats, self._delivery)
+                if action is not None:
+                    actions.append(action)
+        return actions

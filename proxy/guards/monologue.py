@@ -1,0 +1,136 @@
+"""monologue (R6, issue 7): the model saying the same thing over and over — reminder, then the
+response side stops the turn.
+
+Rules (over the user and assistant messages of the whole conversation, in order; user messages
+do not reset, because harnesses answer a reply they dislike with a user message):
+- **Same text**: an assistant message's text, whitespace-normalized (runs of whitespace → one
+  space, trimmed), equal to the text of the previous assistant message, with or without tool
+  calls; an assistant message without text breaks the run. When the run reaches ``repeats`` (3)
+  messages, a reminder fires.
+- **Same answer**: text-only assistant replies (no tool calls) each answered by a user message
+  with the same normalized text (a harness error such as "You did not use a tool"); the run
+  counts such pairs in a row, and fires at ``repeats``.
+- Placement: a message with tool calls gets the reminder after its step's results (``inject_as``
+  as in §6.1). A text-only reply has no tool result: its reminder is appended to the message
+  that answered it (the harness's user message), never inserted, so roles keep alternating; a
+  reply nothing answered yet gets none. Fresh when that message is the request's last.
+- Stop (:meth:`Monologue.stop_count`, read by :class:`proxy.response.StopJudge`): a response
+  whose text would make the same-text run ``stop_at`` (4) long ends the turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from proxy.actions import Action, Delivery, Remind
+from proxy.config import MonologueConfig
+from proxy.guards.repeat_reminder import preview
+from proxy.transcript import Said, Transcript
+
+RULE = "monologue"
+TEXT_PREVIEW_CHARS = 200
+
+SAME_TEXT = (
+    "[loopguard] Your last {count} messages said exactly the same thing:\n"
+    '  "{text}"\n'
+    "Repeating it does not move the task forward. Look at what happened since you first wrote "
+    "it and do something different, or tell the user plainly where you are stuck."
+)
+SAME_ANSWER = (
+    "[loopguard] Your last {count} replies got the same answer each time:\n"
+    '  "{text}"\n'
+    "Replying the same way will get the same answer. Do what it asks, or say in one message "
+    "what you cannot do and why."
+)
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    return _SPACE.sub(" ", text).strip()
+
+
+class Monologue:
+    """Guard callable: ``Monologue(cfg)(transcript, ctx) -> list[Remind]``."""
+
+    __slots__ = ("_cfg", "_delivery")
+
+    name = RULE
+
+    def __init__(self, cfg: MonologueConfig, delivery: Delivery = "user") -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+
+    @property
+    def config(self) -> MonologueConfig:
+        return self._cfg
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        said = transcript.said
+        step_at = {s.position: s for s in transcript.steps}
+        actions: list[Action] = []
+        text_run, last_text = 0, ""
+        answer_run, last_answer = 0, ""
+        for k, msg in enumerate(said):
+            if msg.role != "assistant":
+                continue
+            text = normalize(msg.text)
+            text_run = text_run + 1 if text and text == last_text else (1 if text else 0)
+            last_text = text
+            answer = _answer(said, k, transcript.message_count)
+            if answer is not None:
+                a_text = normalize(answer.text)
+                answer_run = answer_run + 1 if a_text and a_text == last_answer else (1 if a_text else 0)
+                last_answer = a_text
+            else:
+                answer_run, last_answer = 0, ""
+            if text_run == self._cfg.repeats:
+                body = SAME_TEXT.format(count=text_run, text=preview(text, TEXT_PREVIEW_CHARS))
+                count = text_run
+            elif answer_run == self._cfg.repeats and answer is not None:
+                body = SAME_ANSWER.format(count=answer_run, text=preview(last_answer, TEXT_PREVIEW_CHARS))
+                count = answer_run
+            else:
+                continue
+            if msg.has_calls:
+                step = step_at.get(msg.position)
+                if step is None or step.end is None:
+                    continue
+                after, fresh, delivery = step.end, transcript.is_fresh(step.index), self._delivery
+            elif answer is not None:
+                after, fresh, delivery = (
+                    answer.position,
+                    answer.position == transcript.message_count - 1,
+                    "tool_suffix",
+                )
+            else:
+                continue
+            actions.append(Remind(after, body, RULE, "", count, self._cfg.repeats, fresh, delivery))
+        return actions
+
+    def stop_count(self, transcript: Transcript, text: str) -> int:
+        """How long the same-text run would be with one more assistant message saying ``text``
+        (0 when ``text`` is blank)."""
+        text = normalize(text)
+        if not text:
+            return 0
+        run = 1
+        for msg in reversed(transcript.said):
+            if msg.role != "assistant":
+                continue
+            if normalize(msg.text) != text:
+                break
+            run += 1
+        return run
+
+
+def _answer(said: Sequence[Said], k: int, message_count: int) -> Said | None:
+    """The user message right after text-only assistant message ``said[k]``, if any."""
+    msg = said[k]
+    if msg.has_calls or k + 1 >= len(said):
+        return None
+    nxt = said[k + 1]
+    if nxt.role != "user" or nxt.position != msg.position + 1:
+        return None
+    return nxt

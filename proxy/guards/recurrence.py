@@ -1,0 +1,84 @@
+"""recurrence (R2, issue 7): the same call recurring within a window of a turn — advisory.
+
+Rules:
+- Per turn (calls after a user message), calls are keyed by tool and canonical arguments
+  (DESIGN §5, ``ignore_args`` dropped). With ``progress_aware`` a call counts as a *recurrence*
+  of its key only when its result equals the previous identical call's result after masking
+  volatile spans (:mod:`proxy.progress`); a new result restarts the key's count (polling a job
+  whose status changes, re-reading a file after editing it). Without it, every identical call
+  counts.
+- A reminder fires after the step of the call that makes ``occurrences`` (3) counted calls of
+  one key among the last ``window`` (20) calls of the turn, once per crossing. Runs where all
+  of them are consecutive calls are left to ``repeat_reminder`` (no double reminder).
+- The reminder names the tool, the arguments (preview), how often and over how many calls.
+"""
+
+from __future__ import annotations
+
+from proxy.actions import Action, Delivery
+from proxy.canonical import canonical_arguments
+from proxy.config import RecurrenceConfig
+from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import remind_after_step, turns
+from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
+from proxy.transcript import Transcript
+
+RULE = "recurrence"
+PREVIEW_CHARS = 300
+
+TEXT = (
+    "[loopguard] You keep coming back to the same tool call: {tool} with the same arguments, "
+    "{count} times in your last {span} calls, and it returned the same result each time.\n"
+    "- tool: {tool}\n"
+    "- arguments: {arguments}\n"
+    "Calling it again will not tell you anything new. Use the result you already have, or do "
+    "something different."
+)
+
+
+class Recurrence:
+    """Guard callable: ``Recurrence(cfg)(transcript, ctx) -> list[Remind]``."""
+
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_masks")
+
+    name = RULE
+
+    def __init__(
+        self, cfg: RecurrenceConfig, delivery: Delivery = "user", masks: Masks = DEFAULT_MASKS
+    ) -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+        self._ignore = frozenset(cfg.ignore_args)
+        self._masks = masks
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        cfg = self._cfg
+        actions: list[Action] = []
+        for calls in turns(transcript.calls):
+            judge = RepeatJudge(self._masks) if cfg.progress_aware else None
+            hits: dict[tuple[str, str], list[int]] = {}
+            for i, call in enumerate(calls):
+                key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+                seen = hits.get(key)
+                repeat = judge.repeats(key, call.result) if judge is not None else seen is not None
+                if seen is None or not repeat:
+                    hits[key] = [i]
+                    continue
+                seen.append(i)
+                while seen[0] <= i - cfg.window:
+                    seen.pop(0)
+                count = len(seen)
+                if count != cfg.occurrences or seen[-1] - seen[0] == count - 1:
+                    continue
+                text = TEXT.format(
+                    tool=call.name,
+                    count=count,
+                    span=i - seen[0] + 1,
+                    arguments=preview(key[1], PREVIEW_CHARS),
+                )
+                action = remind_after_step(
+                    transcript, call, text, RULE, count, cfg.occurrences, self._delivery
+                )
+                if action is not None:
+                    actions.append(action)
+        return actions

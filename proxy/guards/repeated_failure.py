@@ -1,0 +1,140 @@
+"""repeated_failure (R4, issue 7): failing the same way again — advisory.
+
+Rules, per turn (calls after a user message):
+- **Failing on one target**: a tool on one target (:mod:`proxy.targets`; a call without a target
+  is on the tool itself) whose last ``failures`` (3) calls in the turn all failed
+  (:mod:`proxy.failures`, the ``turn_guard.failure_patterns``); the arguments may differ (a
+  truncated edit retried with a different tail). A success of that tool on that target resets
+  the run; calls on other targets in between do not. The reminder fires once, when the run
+  reaches ``failures``, and quotes the error's first line: the first line at the result's edges
+  that a failure pattern matches, else its first non-blank line. A call that is an exact repeat
+  of a failed call gets none (the re-issue reminder below, and ``repeat_reminder``, cover it).
+- **Re-issuing a failed call** (``reissue``): a call identical (tool and canonical arguments,
+  ``ignore_args`` dropped) to the previous such call in the turn, whose result failed or was a
+  user rejection (``rejection_patterns``, searched in the result's edges) → a reminder at that
+  2nd occurrence (not again while the failures of that exact call go on).
+- One reminder per call (the re-issue text wins), after the call's step.
+"""
+
+from __future__ import annotations
+
+from proxy.actions import Action, Delivery
+from proxy.canonical import canonical_arguments
+from proxy.config import RepeatedFailureConfig
+from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_pattern, edge_text
+from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import remind_after_step, turns
+from proxy.targets import TargetRule, path_key
+from proxy.transcript import ToolResult, Transcript
+
+RULE = "repeated_failure"
+ARGUMENTS_PREVIEW_CHARS = 300
+
+FAILING_TEXT = (
+    "[loopguard] {tool} on {target} has now failed {count} times in a row. The last error:\n"
+    "  {error}\n"
+    "Trying again the same way will fail the same way. Read the error and fix its cause first "
+    "(re-check your assumptions about {target}), change your approach, or tell the user what is "
+    "blocking you."
+)
+REISSUE_TEXT = (
+    "[loopguard] You made a call that {outcome} the last time, again with the exact same "
+    "arguments.\n"
+    "- tool: {tool}\n"
+    "- arguments: {arguments}\n"
+    "- last result: {error}\n"
+    "The same call gives the same result. Change the arguments or the approach{respect}, or tell "
+    "the user what is blocking you."
+)
+
+
+class RepeatedFailure:
+    """Guard callable: ``RepeatedFailure(cfg)(transcript, ctx) -> list[Remind]``."""
+
+    __slots__ = ("_cfg", "_delivery", "_failures", "_ignore", "_patterns", "_rejections", "_targets")
+
+    name = RULE
+
+    def __init__(
+        self,
+        cfg: RepeatedFailureConfig,
+        delivery: Delivery = "user",
+        targets: TargetRule | None = None,
+        failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS,
+    ) -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+        self._targets = targets or TargetRule()
+        self._failures = FailureRule(failure_patterns)
+        self._patterns = tuple(compile_pattern(p) for p in failure_patterns)
+        self._rejections = tuple(compile_pattern(p) for p in cfg.rejection_patterns)
+        self._ignore = frozenset(cfg.ignore_args)
+
+    def rejected(self, result: ToolResult | None) -> bool:
+        if result is None or not self._rejections:
+            return False
+        edges = edge_text(result.text)
+        return any(r.search(edges) for r in self._rejections)
+
+    def error_line(self, result: ToolResult | None) -> str:
+        """The line to quote: the first edge line a failure pattern matches, else the first
+        non-blank line of the result."""
+        if result is None:
+            return ""
+        lines = [ln.strip() for ln in edge_text(result.text).splitlines() if ln.strip()]
+        for line in lines:
+            if any(p.search(line) for p in self._patterns):
+                return preview(line, self._cfg.error_preview_chars)
+        return preview(lines[0], self._cfg.error_preview_chars) if lines else "(empty result)"
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        cfg = self._cfg
+        actions: list[Action] = []
+        for calls in turns(transcript.calls):
+            runs: dict[tuple[str, str | None], int] = {}
+            # key -> (its result was bad, the one before it was bad too, rejected, result)
+            last: dict[tuple[str, str], tuple[bool, bool, bool, ToolResult | None]] = {}
+            for call in calls:
+                failed = self._failures(call.result)
+                target = self._targets(call.name, call.arguments)
+                where = (
+                    None
+                    if target is None
+                    else (target.value if target.is_command else path_key(target.value))
+                )
+                on = (call.name, where)
+                if failed is True:
+                    runs[on] = runs.get(on, 0) + 1
+                elif failed is False:
+                    runs[on] = 0
+                key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+                prev = last.get(key)
+                rejected = failed is not True and self.rejected(call.result)
+                bad = failed is True or rejected
+                last[key] = (bad, prev is not None and prev[0], rejected, call.result)
+                text = None
+                count = 0
+                if cfg.reissue and prev is not None and prev[0] and not prev[1]:
+                    text = REISSUE_TEXT.format(
+                        outcome="was rejected by the user" if prev[2] else "failed",
+                        tool=call.name,
+                        arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
+                        error=self.error_line(prev[3]),
+                        respect=" (the user rejected it: do what they asked instead)" if prev[2] else "",
+                    )
+                    count = 2
+                elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
+                    count = runs[on]
+                    text = FAILING_TEXT.format(
+                        tool=call.name,
+                        target=preview(where, 120) if where else "its arguments",
+                        count=count,
+                        error=self.error_line(call.result),
+                    )
+                if text is None:
+                    continue
+                limit = 2 if count == 2 and cfg.reissue else cfg.failures
+                action = remind_after_step(transcript, call, text, RULE, count, limit, self._delivery)
+                if action is not None:
+                    actions.append(action)
+        return actions

@@ -1,0 +1,139 @@
+"""The issue-7 rules end to end: the real server in front of a fake model, the official ``openai``
+SDK as the agent. The monologue stop ends an agent's loop (streaming and not); a fresh action of a
+new rule is counted under its own name in ``GET /loop-guard``; the upstream sees the reminders."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from proxy.guards.cycles import WITHHOLD_TEXT
+from proxy.response import MONOLOGUE_TEXT
+from tests.agent_steps import History
+from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+
+SAME = "Let me look at the configuration once more."
+RESULT = "debug: false"
+
+
+def monologue_model(request_stream: bool) -> Any:
+    """A model that always says the same sentence and reads a new file each time (so that no
+    call-based rule fires)."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        req = orjson.loads(body)
+        n = sum(1 for m in req["messages"] if m.get("role") == "assistant")
+        calls = [tool_call("read_file", orjson.dumps({"path": f"conf{n}.yaml"}).decode(), f"call_{n + 1}")]
+        if req.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for ev in sse_events(calls, content=SAME):
+                await resp.write(ev)
+            await resp.write_eof()
+            return resp
+        return web.json_response(completion(calls, content=SAME), dumps=lambda o: orjson.dumps(o).decode())
+
+    return handler
+
+
+@pytest.fixture
+async def sdk(make_proxy) -> AsyncIterator[Any]:
+    clients: list[AsyncOpenAI] = []
+
+    async def factory(config: dict[str, Any] | None = None) -> AsyncOpenAI:
+        base = await make_proxy(config)
+        client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        client.base = base  # type: ignore[attr-defined]
+        clients.append(client)
+        return client
+
+    yield factory
+    for c in clients:
+        await c.close()
+
+
+async def turn(
+    client: AsyncOpenAI, messages: list[dict[str, Any]], stream: bool
+) -> tuple[dict[str, Any], str]:
+    if not stream:
+        resp = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+        choice = resp.choices[0]
+        return choice.message.model_dump(exclude_none=True), str(choice.finish_reason)
+    async with client.chat.completions.stream(model="m", messages=messages) as s:  # type: ignore[arg-type]
+        final = await s.get_final_completion()
+    choice = final.choices[0]
+    msg = choice.message.model_dump(exclude_none=True, exclude={"parsed"})
+    for tc_ in msg.get("tool_calls") or []:
+        tc_["function"].pop("parsed_arguments", None)
+    return msg, str(choice.finish_reason)
+
+
+async def agent_loop(
+    client: AsyncOpenAI, stream: bool, max_steps: int = 12
+) -> tuple[list[dict[str, Any]], int, str]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why does the app start in debug mode?"}]
+    finish = ""
+    for step in range(1, max_steps + 1):
+        msg, finish = await turn(client, messages, stream)
+        messages.append(msg)
+        if not msg.get("tool_calls"):
+            return messages, step, finish
+        for call in msg["tool_calls"]:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": RESULT})
+    return messages, max_steps, finish
+
+
+async def snapshot(base: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard") as r:
+        return await r.json()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_monologue_reminder_then_stop_ends_the_agent_loop(
+    upstream: FakeUpstream, sdk, stream: bool
+) -> None:
+    upstream.handler = monologue_model(stream)
+    client = await sdk()
+    messages, steps, finish = await agent_loop(client, stream)
+    # answers 1-3 run (the reminder goes after the 3rd step's result), the 4th is stopped
+    assert (steps, finish) == (4, "stop")
+    assert messages[-1] == {"role": "assistant", "content": f"{SAME}\n\n{MONOLOGUE_TEXT.format(count=4)}"}
+    assert sum(1 for m in messages if m["role"] == "tool") == 3
+    fourth_request = upstream.requests[3].json()["messages"]
+    assert fourth_request[-1]["role"] == "user"
+    assert fourth_request[-1]["content"].startswith(
+        "[loopguard] Your last 3 messages said exactly the same thing:\n"
+        '  "Let me look at the configuration once more."'
+    )
+    snap = await snapshot(client.base)
+    assert (snap["per_rule"].get("monologue"), snap["per_rule"].get("stop"), snap["stops"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_monologue_stop_off(upstream: FakeUpstream, sdk, stream: bool) -> None:
+    upstream.handler = monologue_model(stream)
+    client = await sdk({"guards": {"monologue": {"stop_at": 0}}})
+    _, steps, finish = await agent_loop(client, stream, max_steps=6)
+    assert (steps, finish) == (6, "tool_calls")
+
+
+async def test_cycle_withhold_counted_under_its_rule(upstream: FakeUpstream, make_proxy) -> None:
+    grep_a = ("bash", {"command": 'grep -rn "class X" .'}, "x.py:1:class X")
+    grep_b = ("bash", {"command": 'grep -rn "class X" --include=*.py .'}, "x.py:1:class X")
+    h = History().steps([grep_a, grep_b] * 4)
+    base = await make_proxy()
+    async with aiohttp.ClientSession() as s, s.post(base + "/v1/chat/completions", data=h.body()) as r:
+        assert r.status == 200
+    sent = upstream.requests[-1].json()["messages"]
+    withheld = WITHHOLD_TEXT.format(period=2, cycle="bash → bash", count=4)
+    assert [m["content"] for m in sent if m.get("role") == "tool"][-1] == withheld
+    snap = await snapshot(base)
+    # fresh: the withhold of call 8; the reminder after call 6 is re-derived (not counted again)
+    assert snap["per_rule"].get("cycles") == 1
+    assert snap["results_withheld"] >= 1

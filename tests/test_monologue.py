@@ -1,0 +1,118 @@
+"""monologue (R6, issue 7): the same assistant text in 3 assistant messages in a row, or text-only
+replies each answered with the same harness message → reminder; the 4th → stop (response side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.actions import Remind
+from proxy.config import MonologueConfig, build
+from proxy.dialects import openai_chat
+from proxy.guards.monologue import Monologue
+from tests.agent_steps import History
+from tests.rule_helpers import transcript
+
+SAME = "Let me check the configuration again."
+HARNESS = "[ERROR] You did not use a tool in your previous response! Please retry with a tool use."
+
+
+def guard(**settings: Any) -> Monologue:
+    return Monologue(build(MonologueConfig, settings))
+
+
+def with_calls(texts: list[str | None]) -> History:
+    h = History()
+    for i, text in enumerate(texts):
+        h.step(("read_file", {"path": f"f{i}.py"}, "x"), text=text)
+    return h
+
+
+def text_only(texts: list[str], answers: list[str]) -> History:
+    h = History()
+    for text, answer in zip(texts, answers, strict=False):
+        h.say(text)
+        h.user(answer)
+    return h
+
+
+@pytest.mark.parametrize(
+    ("history", "settings", "expected"),
+    [
+        pytest.param(with_calls([SAME] * 3), {}, [(6, "user", 3)], id="same_text_with_calls_three_times"),
+        pytest.param(with_calls([SAME] * 2), {}, [], id="twice_nothing"),
+        pytest.param(with_calls([SAME] * 5), {}, [(6, "user", 3)], id="once_per_run"),
+        pytest.param(
+            with_calls([SAME, "  Let me check\nthe configuration   again. ", SAME]),
+            {},
+            [(6, "user", 3)],
+            id="whitespace_normalized",
+        ),
+        pytest.param(with_calls([SAME, None, SAME, SAME]), {}, [], id="message_without_text_breaks_the_run"),
+        pytest.param(with_calls([SAME, "Now the tests.", SAME]), {}, [], id="different_text_breaks_the_run"),
+        pytest.param(with_calls([SAME] * 2), {"repeats": 2, "stop_at": 3}, [(4, "user", 2)], id="repeats_2"),
+        pytest.param(
+            text_only([SAME] * 3, [HARNESS] * 3), {}, [(6, "tool_suffix", 3)], id="same_text_only_reply"
+        ),
+        pytest.param(
+            text_only(["I think it works.", "Done, I believe.", "It should be fine now."], [HARNESS] * 3),
+            {},
+            [(6, "tool_suffix", 3)],
+            id="different_replies_same_harness_answer",
+        ),
+        pytest.param(
+            text_only(["a", "b", "c"], ["Please fix x.", "Now y.", "And z."]), {}, [], id="ordinary_chat"
+        ),
+    ],
+)
+def test_monologue(history: History, settings: dict[str, Any], expected: list[tuple[int, str, int]]) -> None:
+    actions = guard(**settings)(transcript(history), None)
+    assert [(a.after, a.delivery, a.count) for a in actions] == expected
+
+
+def test_reminder_text_and_freshness() -> None:
+    h = with_calls([SAME] * 3)
+    (action,) = guard()(transcript(h), None)
+    assert action == Remind(
+        after=h.result_position(3),
+        text=(
+            "[loopguard] Your last 3 messages said exactly the same thing:\n"
+            '  "Let me check the configuration again."\n'
+            "Repeating it does not move the task forward. Look at what happened since you first wrote "
+            "it and do something different, or tell the user plainly where you are stuck."
+        ),
+        rule="monologue",
+        tool="",
+        count=3,
+        limit=3,
+        fresh=True,
+    )
+
+
+def test_text_only_reminder_is_appended_to_the_answer() -> None:
+    h = text_only(["a", "b", "c"], [HARNESS] * 3)
+    (action,) = guard()(transcript(h), None)
+    assert (action.after, action.fresh) == (6, True)
+    assert action.text.startswith("[loopguard] Your last 3 replies got the same answer each time:\n")
+    body = {"messages": [dict(m) for m in h.messages]}
+    openai_chat.apply(body, [action])
+    assert len(body["messages"]) == len(h.messages)  # appended, never a second user message in a row
+    assert body["messages"][6]["content"] == f"{HARNESS}\n\n{action.text}"
+    h.say("d")
+    (later,) = guard()(transcript(h), None)
+    assert (later.after, later.fresh) == (6, False)
+
+
+@pytest.mark.parametrize(
+    ("history", "text", "expected"),
+    [
+        pytest.param(with_calls([SAME] * 3), SAME, 4, id="fourth"),
+        pytest.param(with_calls([SAME] * 3), "Something else.", 1, id="different"),
+        pytest.param(with_calls(["x", SAME, SAME]), f"  {SAME}\n", 3, id="normalized"),
+        pytest.param(with_calls([SAME] * 3), "  ", 0, id="blank"),
+        pytest.param(text_only([SAME] * 3, [HARNESS] * 3), SAME, 4, id="across_harness_answers"),
+    ],
+)
+def test_stop_count(history: History, text: str, expected: int) -> None:
+    assert guard().stop_count(transcript(history), text) == expected
