@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 
 from proxy.actions import Action, Cut, Stop, Withhold
@@ -40,6 +41,10 @@ class StderrLogger:
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
+def _dumps(obj: Any, **_: Any) -> str:
+    return orjson.dumps(obj, default=str).decode()
+
+
 def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps (``level``: debug, info,
     warning or error)."""
@@ -48,7 +53,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=lambda *args: StderrLogger(),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.config import GuardsConfig
 from tests.fakes import FakeUpstream
 
 
@@ -54,3 +57,21 @@ async def test_metrics_require_the_admin_token_when_set(upstream: FakeUpstream, 
         async with http.get(f"{base}/loop-guard/metrics", headers={"Authorization": "Bearer s3cret"}) as r:
             assert r.status == 200
             assert "loopguard_requests_total 0.0" in await r.text()
+
+
+async def test_with_every_guard_off_bodies_are_not_parsed_and_pass_byte_for_byte(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    names = [f.name for f in dataclasses.fields(GuardsConfig)]  # every guard there is
+    base = await make_proxy({"guards": {n: {"enabled": False} for n in names}})
+    body = b'{"model": "m",  "messages": [{"role": "user", "content": "hi"}]}'
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{base}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 200
+        async with http.get(f"{base}/loop-guard") as r:
+            stats = await r.json()
+    assert upstream.requests[-1].body == body
+    assert stats["requests"] == 1
+    assert stats["guarded_requests"] == 0
