@@ -10,6 +10,7 @@ as is, and floats with integral values written as integers (``1.0 == 1``, as Jav
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection
 from typing import Any
@@ -51,7 +52,33 @@ def _normalize(value: Any) -> Any:
     return value
 
 
+#: Arguments strings up to this many characters are memoized (every guard canonicalizes every
+#: call of the history on every request; a conversation's old calls repeat request after request).
+CACHE_MAX_CHARS = 2048
+#: Entries kept by the memo (least recently used dropped): at most ~8192 × 4 KiB ≈ 32 MiB.
+CACHE_ENTRIES = 8192
+
+
+@functools.lru_cache(maxsize=CACHE_ENTRIES)
+def _canonical_of_string(raw: str, ignore_args: frozenset[str]) -> str:
+    return _canonical(parse_arguments(raw), raw, ignore_args)
+
+
 def canonical_arguments(parsed: Any, raw: Any, ignore_args: Collection[str] = ()) -> str:
+    """Canonical string of one call's arguments (memoized for short argument strings).
+
+    ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
+    string, or the raw string itself when the arguments are not valid JSON. Never raises.
+    Integer literals beyond 64 bits are read as floats by orjson (so two such literals that differ
+    only past the 17th digit compare equal) and written with the stdlib encoder.
+    """
+    if isinstance(raw, str) and len(raw) <= CACHE_MAX_CHARS:
+        ignore = ignore_args if isinstance(ignore_args, frozenset) else frozenset(ignore_args)
+        return _canonical_of_string(raw, ignore)
+    return _canonical(parsed, raw, ignore_args)
+
+
+def _canonical(parsed: Any, raw: Any, ignore_args: Collection[str]) -> str:
     """Canonical string of one call's arguments.
 
     ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
