@@ -16,6 +16,7 @@ most once per judge.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 
 from proxy.transcript import ToolResult
@@ -30,6 +31,7 @@ __all__ = [
     "compile_masks",
     "mask",
     "same_result",
+    "same_text",
 ]
 
 
@@ -37,16 +39,56 @@ def _known(r: ToolResult | None) -> bool:
     return r is not None and not r.pending
 
 
+#: Verdicts of :func:`same_text` on texts that differ, remembered across requests (an agent sends
+#: its whole history every time; only the newest results are new): key ``(hash(a), hash(b),
+#: len(a), len(b), masks)``, at most :data:`MEMO_SIZE` entries, oldest dropped first. A memo
+#: only, never a decision input: the verdict is the same with or without it.
+_memo: OrderedDict[tuple[int, int, int, int, Masks], bool] = OrderedDict()
+MEMO_SIZE = 32_768
+
+
+def same_text(a: str, b: str, masks: Masks) -> bool:
+    """``mask(a) == mask(b)``, computed lazily: equal texts need no masking; otherwise the texts
+    are walked line by line (masks never span a line break) and only lines that differ are
+    masked, stopping at the first pair that still differs. Verdicts are memoized."""
+    if a == b:
+        return True
+    if masks.regex is None:
+        return False
+    key = (hash(a), hash(b), len(a), len(b), masks)
+    verdict = _memo.get(key)
+    if verdict is None:
+        verdict = _walk(a, b, masks)
+        _memo[key] = verdict
+        if len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return verdict
+
+
+def _walk(a: str, b: str, masks: Masks) -> bool:
+    assert masks.regex is not None
+    sub = masks.regex.sub
+    na, nb = len(a), len(b)
+    ia = ib = 0
+    while True:
+        ja = a.find("\n", ia)
+        jb = b.find("\n", ib)
+        ja = na if ja < 0 else ja
+        jb = nb if jb < 0 else jb
+        x, y = a[ia:ja], b[ib:jb]
+        if x != y and sub(MASK, x) != sub(MASK, y):
+            return False
+        if ja == na or jb == nb:
+            return ja == na and jb == nb
+        ia, ib = ja + 1, jb + 1
+
+
 def same_result(a: ToolResult | None, b: ToolResult | None, masks: Masks) -> bool:
     """True when both results are known and equal after masking (text and error flag)."""
     if not _known(a) or not _known(b):
         return False
     assert a is not None and b is not None
-    if a.is_error != b.is_error:
-        return False
-    if a.text == b.text:
-        return True
-    return mask(a.text, masks) == mask(b.text, masks)
+    return a.is_error == b.is_error and same_text(a.text, b.text, masks)
 
 
 class RepeatJudge:
@@ -58,33 +100,31 @@ class RepeatJudge:
     without a known result is judged by the previous pair: it is a repeat when the previous call
     with its key was one, or was the first with that key. :meth:`forget` drops every key (a caller
     that wants comparisons not to cross a user message calls it there).
+
+    Results are compared with :func:`same_result` only when a key comes back, so a conversation
+    without repeated calls costs one dict entry per call and no masking at all.
     """
 
     __slots__ = ("_last", "_masks")
 
     def __init__(self, masks: Masks = DEFAULT_MASKS) -> None:
         self._masks = masks
-        # key -> (last known masked text or None, its error flag, verdict of the last call, it was the first)
-        self._last: dict[Hashable, tuple[str | None, bool | None, bool, bool]] = {}
+        # key -> (last known result or None, verdict of the last call, it was the first)
+        self._last: dict[Hashable, tuple[ToolResult | None, bool, bool]] = {}
 
     def repeats(self, key: Hashable, result: ToolResult | None) -> bool:
         prev = self._last.get(key)
-        if _known(result):
-            assert result is not None
-            masked: str | None = mask(result.text, self._masks)
-            err = result.is_error
-        else:
-            masked, err = None, None
+        known = result if _known(result) else None
         if prev is None:
-            self._last[key] = (masked, err, False, True)
+            self._last[key] = (known, False, True)
             return False
-        p_masked, p_err, p_verdict, p_first = prev
-        if masked is None:
+        p_result, p_verdict, p_first = prev
+        if known is None:
             verdict = p_verdict or p_first
-            self._last[key] = (p_masked, p_err, verdict, False)
+            self._last[key] = (p_result, verdict, False)
         else:
-            verdict = p_masked is None or (p_masked == masked and p_err == err)
-            self._last[key] = (masked, err, verdict, False)
+            verdict = p_result is None or same_result(p_result, known, self._masks)
+            self._last[key] = (known, verdict, False)
         return verdict
 
     def forget(self) -> None:

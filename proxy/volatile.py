@@ -3,7 +3,7 @@ call without meaning anything happened — timestamps, clock times, durations, U
 
 :data:`DEFAULT_MASK_PATTERNS` is the documented default list (``guards.progress.masks`` in the
 config); :func:`compile_masks` turns a list into :class:`Masks`, one compiled alternation applied
-in a single pass. Pure, no state.
+in a single pass over each line (a masked span never crosses a line break). Pure, no state.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ DEFAULT_MASKS = compile_masks(DEFAULT_MASK_PATTERNS)
 
 
 def mask(text: str, masks: Masks) -> str:
-    """``text`` with every volatile span replaced by :data:`MASK`."""
+    """``text`` with every volatile span replaced by :data:`MASK`. Masks apply line by line: a
+    span never includes a line break, so masking keeps the number of lines."""
     if masks.regex is None or not text:
         return text
-    return masks.regex.sub(MASK, text)
+    sub = masks.regex.sub
+    return "\n".join(sub(MASK, line) for line in text.split("\n"))

@@ -301,3 +301,17 @@ def test_remind_after_position_is_fresh_only_for_the_newest_step() -> None:
     h = poll(History(), ["same"] * 3)
     (a,) = [a for a in decide(h) if isinstance(a, Remind)]
     assert a.fresh and a.rule == REMINDER
+
+
+def test_masks_apply_line_by_line_and_memoized_verdicts_agree() -> None:
+    from proxy.progress import _memo, same_text
+
+    assert mask("pid\n42", DEFAULT_MASKS) == "pid\n42"  # a span never crosses a line break
+    assert not same_text("a\n10:00", "a\n10:01\n", DEFAULT_MASKS)  # a line more is different
+    a = "\n".join(f"[10:00:{i:02d}] step {i}" for i in range(50))
+    b = "\n".join(f"[11:30:{i:02d}] step {i}" for i in range(50))
+    c = b.replace("step 49", "step 50")
+    for _ in range(2):  # computed, then from the memo
+        assert same_text(a, b, DEFAULT_MASKS)
+        assert not same_text(a, c, DEFAULT_MASKS)
+    assert _memo
