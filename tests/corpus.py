@@ -333,6 +333,36 @@ def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
     return [calls[i] for i in sorted(calls)], "".join(text)
 
 
+async def _concerned_call(post: Any, messages: list[dict[str, Any]], last: int, tools: Any) -> int:
+    """The call a reminder after the step ending with call ``last`` concerns: for a step of several
+    calls, the first call whose presence (the step cut after it, with those calls' results) brings
+    a reminder after the step; ``last`` when only the whole step does (or the step has one call)."""
+    _, per_message = call_numbers(messages)
+    s = next(k for k, nums in enumerate(per_message) if last in nums)
+    nums = per_message[s]
+    step = messages[s]
+    for j in range(1, len(nums)):
+        kept = step["tool_calls"][:j]
+        ids = {tc.get("id") for tc in kept}
+        results = [m for m in messages[s + 1 :] if m.get("role") == "tool" and m.get("tool_call_id") in ids]
+        history = [*messages[:s], {**step, "tool_calls": kept}, *results]
+        body: dict[str, Any] = {"model": "corpus-model", "messages": history, "stream": False}
+        if tools:
+            body["tools"] = tools
+        model_received = await _received_for(post, body)
+        p_ids, p_per_message = call_numbers(history)
+        if ("remind", nums[j - 1]) in diff_request(history, model_received, p_ids, p_per_message):
+            return nums[j - 1]
+    return last
+
+
+async def _received_for(post: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages that reached the upstream for ``body`` (answered with plain text)."""
+    received: list[dict[str, Any]] = []
+    await post(body, FINAL_ANSWER, received)
+    return received
+
+
 # --- the replay -----------------------------------------------------------------------------------
 
 
@@ -389,6 +419,24 @@ async def replay(
                 answers = [(i, m) for i, m in enumerate(messages) if m.get("role") == "assistant" and i]
                 answers.append((len(messages), FINAL_ANSWER))
                 per_message.append([])
+
+                async def post(
+                    body: dict[str, Any], answer: dict[str, Any], received: list[dict[str, Any]] | None = None
+                ) -> bytes:
+                    """Send ``body`` as the agent; the fake model answers ``answer``. The messages
+                    that reached it are appended to ``received``."""
+                    model.answer = answer
+                    model.received.clear()
+                    async with session.post(
+                        f"{proxy_url}/v1/chat/completions",
+                        data=orjson.dumps(body),
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
+                        raw = await resp.read()
+                    if received is not None and model.received:
+                        received.extend(model.received[0].get("messages") or [])
+                    return raw
+
                 for i, msg in answers:
                     body: dict[str, Any] = {
                         "model": "corpus-model",
@@ -397,14 +445,7 @@ async def replay(
                     }
                     if tools:
                         body["tools"] = tools
-                    model.answer = msg
-                    model.received.clear()
-                    async with session.post(
-                        f"{proxy_url}/v1/chat/completions",
-                        data=orjson.dumps(body),
-                        headers={"Content-Type": "application/json"},
-                    ) as resp:
-                        raw = await resp.read()
+                    raw = await post(body, msg)
                     result.requests += 1
                     found: list[tuple[str, int, str]] = []
                     if model.received:
@@ -429,7 +470,12 @@ async def replay(
                     before = await _actions(session, proxy_url) if not delta else before + delta
                     for kind, call, side in new:
                         seen.add((kind, call))
-                        result.observations.append(Observation(kind, call, i, side, _rules_for(kind, delta)))
+                        at = call
+                        if kind == "remind" and side == "request":
+                            at = await _concerned_call(post, messages, call, tools)
+                        result.observations.append(Observation(kind, at, i, side, _rules_for(kind, delta)))
+                    if any(k == "remind" for k, _, _ in new):
+                        before = await _actions(session, proxy_url)  # the probes acted too
         finally:
             await runner.cleanup()
     return result
