@@ -190,7 +190,14 @@ def sse_body(message: dict[str, Any]) -> list[bytes]:
         for part in (args[:half], args[half:]):
             if part:
                 out.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": part}}]}))
-    out.append(chunk({}, "tool_calls" if calls else "stop"))
+    fc = message.get("function_call")
+    if not calls and isinstance(fc, dict):  # legacy single call
+        args = fc.get("arguments", "")
+        args = args if isinstance(args, str) else orjson.dumps(args).decode()
+        out.append(chunk({"function_call": {"name": fc.get("name"), "arguments": args}}))
+        out.append(chunk({}, "function_call"))
+    else:
+        out.append(chunk({}, "tool_calls" if calls else "stop"))
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -246,6 +253,9 @@ def call_numbers(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, int], li
             nums.append(n)
             if isinstance(tc, dict) and isinstance(tc.get("id"), str):
                 by_id.setdefault(tc["id"], n)
+        if not nums and isinstance(m.get("function_call"), dict):  # legacy: one call, no id
+            n += 1
+            nums.append(n)
         per_message.append(nums)
     return by_id, per_message
 
@@ -265,6 +275,7 @@ def diff_request(
     """(kind, call) for every change between ``sent`` and ``arrived`` (message lists)."""
     out: list[tuple[str, int]] = []
     last_call = 0  # the last call whose result precedes the current position
+    legacy = 0
     j = 0
     for k, m in enumerate(sent):
         while j < len(arrived) and arrived[j] != m and not _same_tool_message(arrived[j], m):
@@ -278,6 +289,10 @@ def diff_request(
             call = by_id.get(str(m.get("tool_call_id")), last_call)
             before, after = _text(m.get("content")), _text(a.get("content"))
             out.append(("remind" if after.startswith(before) and after != before else "withhold", call))
+        if m.get("role") == "assistant" and per_message[k] and not m.get("tool_calls"):
+            legacy = per_message[k][0]  # a function_call: its result is the next function message
+        if m.get("role") == "function" and legacy:
+            last_call = max(last_call, legacy)
         if m.get("role") in ("tool", "function"):
             call = by_id.get(str(m.get("tool_call_id")))
             if call is not None:
@@ -312,7 +327,8 @@ def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
     if not stream:
         obj = orjson.loads(raw)
         msg = obj["choices"][0]["message"]
-        return [tc.get("id") for tc in msg.get("tool_calls") or []], _text(msg.get("content"))
+        legacy = [None] if isinstance(msg.get("function_call"), dict) else []
+        return [tc.get("id") for tc in msg.get("tool_calls") or []] or legacy, _text(msg.get("content"))
     calls: dict[int, str | None] = {}
     text: list[str] = []
     for line in raw.split(b"\n"):
@@ -330,6 +346,8 @@ def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
                 idx = tc.get("index", len(calls))
                 if tc.get("id") or idx not in calls:
                     calls[idx] = tc.get("id") or calls.get(idx)
+            if isinstance(delta.get("function_call"), dict):  # legacy: one call
+                calls.setdefault(0, None)
     return [calls[i] for i in sorted(calls)], "".join(text)
 
 
@@ -338,7 +356,9 @@ async def _concerned_call(post: Any, messages: list[dict[str, Any]], last: int, 
     calls, the first call whose presence (the step cut after it, with those calls' results) brings
     a reminder after the step; ``last`` when only the whole step does (or the step has one call)."""
     _, per_message = call_numbers(messages)
-    s = next(k for k, nums in enumerate(per_message) if last in nums)
+    s = next((k for k, nums in enumerate(per_message) if last in nums), None)
+    if s is None or len(per_message[s]) < 2 or not messages[s].get("tool_calls"):
+        return last
     nums = per_message[s]
     step = messages[s]
     for j in range(1, len(nums)):
@@ -454,10 +474,14 @@ async def replay(
                             (k, c, "request")
                             for k, c in diff_request(messages[:i], arrived, by_id, per_message)
                         ]
-                    ids, _ = received_calls(raw, stream)
+                    ids, text = received_calls(raw, stream)
                     nums = per_message[i]
                     if len(ids) < len(nums):
                         found.append(("stop" if not ids else "cut", nums[len(ids)], "response"))
+                    elif len(text) < len(_text(msg.get("content"))):  # degenerate text cut (SSE)
+                        found.append(
+                            ("cut", nums[0] if nums else sum(map(len, per_message[:i])) + 1, "response")
+                        )
                     new = [f for f in found if (f[0], f[1]) not in seen]
                     delta: Counter[tuple[str, str]] = Counter()
                     if new:

@@ -85,3 +85,28 @@ async def test_harness_finds_the_call_a_reminder_concerns_inside_one_step() -> N
     r = await replay(fx, SEED, False)
     assert sorted((o.call, o.kind) for o in r.observations)[:2] == [(3, "remind"), (5, "cut")]
     assert judge(r).ok
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_harness_reads_legacy_function_calls(stream: bool) -> None:
+    messages: list[dict[str, object]] = [{"role": "user", "content": "go"}]
+    for _ in range(5):
+        fc = {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}
+        messages += [
+            {"role": "assistant", "content": None, "function_call": fc},
+            {"role": "function", "name": "get_weather", "content": "sunny"},
+        ]
+    fx = {"id": "X2", "kind": "loop", "messages": messages, "expect": {"intervene_by_call": 3}}
+    r = await replay(fx, SEED, stream)
+    assert [(o.call, o.kind) for o in r.observations] == [(3, "remind"), (5, "remind")]
+
+
+async def test_a_degenerate_text_cut_is_a_block_on_a_legit_fixture() -> None:
+    messages = [
+        {"role": "user", "content": "write"},
+        {"role": "assistant", "content": "ok " + "la la " * 600},
+    ]
+    fx = {"id": "X3", "kind": "legit", "messages": messages, "expect": {"no_block": True}}
+    r = await replay(fx, None, True)
+    assert [(o.call, o.kind, o.rules) for o in r.observations] == [(1, "cut", ("degenerate_text",))]
+    assert not judge(r).ok
