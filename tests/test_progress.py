@@ -16,7 +16,15 @@ from proxy.guards import Context, build_guards
 from proxy.guards.circuit_breaker import RULE as BREAKER
 from proxy.guards.repeat_reminder import RULE as REMINDER
 from proxy.guards.turn_guard import RULE as TURN
-from proxy.progress import DEFAULT_MASKS, MASK, RepeatJudge, compile_masks, mask, same_result
+from proxy.progress import (
+    DEFAULT_MASK_PATTERNS,
+    DEFAULT_MASKS,
+    MASK,
+    RepeatJudge,
+    compile_masks,
+    mask,
+    same_result,
+)
 from proxy.response import StopJudge
 from proxy.rewrite import decide_request
 from proxy.transcript import ToolResult
@@ -315,3 +323,14 @@ def test_masks_apply_line_by_line_and_memoized_verdicts_agree() -> None:
         assert same_text(a, b, DEFAULT_MASKS)
         assert not same_text(a, c, DEFAULT_MASKS)
     assert _memo
+
+
+def test_default_masks_compile_with_a_prefilter_that_changes_nothing() -> None:
+    plain = compile_masks([*DEFAULT_MASK_PATTERNS, "(?!)"])  # not the default list: no prefilter
+    text = (
+        "2026-11-30T02:37:55Z pid 42 took 0.5s id 3f2a9c1d at 12:03 PM uuid 123e4567-e89b-12d3-a456-4266141"
+    )
+    assert DEFAULT_MASKS.regex is not None and plain.regex is not None
+    assert DEFAULT_MASKS.regex.pattern != plain.regex.pattern
+    assert mask(text, DEFAULT_MASKS) == mask(text, plain)
+    assert mask(text, DEFAULT_MASKS) == mask(text, DEFAULT_MASKS)  # memoized, same answer
