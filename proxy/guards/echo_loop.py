@@ -18,6 +18,7 @@ Rules, per turn:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.actions import Action, Delivery
@@ -94,27 +95,38 @@ class EchoLoop:
         return mask(text, self._masks)
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
-        cfg = self._cfg
         actions: list[Action] = []
         for calls in turns(transcript.calls):
-            prev: tuple[str, str, str, frozenset[str], str | None] | None = None
-            chain = 0
-            for call in calls:
-                exact, template, lits = self.shape(call)
-                rest = self.residue(call, lits)
-                echoes = False
-                if prev is not None and prev[0] == call.name and prev[2] == template and prev[1] != exact:
-                    new = lits - prev[3]
-                    text = call.result.text if known(call.result) and call.result is not None else ""
-                    echoes = (
-                        bool(new) and any(lit in text for lit in new) and rest is not None and rest == prev[4]
-                    )
-                chain = chain + 1 if echoes else 1
-                prev = (call.name, exact, template, lits, rest)
-                if chain != cfg.repeats:
-                    continue
-                msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
-                action = remind_after_step(transcript, call, msg, RULE, chain, cfg.repeats, self._delivery)
-                if action is not None:
-                    actions.append(action)
+            actions.extend(self._turn(transcript, calls))
+        return actions
+
+    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall]) -> list[Action]:
+        cfg = self._cfg
+        actions: list[Action] = []
+        prev: tuple[ToolCall, str, str, frozenset[str]] | None = None
+        residues: dict[int, str | None] = {}  # only for candidate pairs: masking is the costly part
+
+        def rest(call: ToolCall, lits: frozenset[str]) -> str | None:
+            if call.seq not in residues:
+                residues[call.seq] = self.residue(call, lits)
+            return residues[call.seq]
+
+        chain = 0
+        for call in calls:
+            exact, template, lits = self.shape(call)
+            echoes = False
+            if prev is not None and (prev[0].name, prev[2]) == (call.name, template) and prev[1] != exact:
+                new = lits - prev[3]
+                text = call.result.text if known(call.result) and call.result is not None else ""
+                if new and any(lit in text for lit in new):
+                    mine = rest(call, lits)
+                    echoes = mine is not None and mine == rest(prev[0], prev[3])
+            chain = chain + 1 if echoes else 1
+            prev = (call, exact, template, lits)
+            if chain != cfg.repeats:
+                continue
+            msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
+            action = remind_after_step(transcript, call, msg, RULE, chain, cfg.repeats, self._delivery)
+            if action is not None:
+                actions.append(action)
         return actions

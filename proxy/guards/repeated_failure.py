@@ -25,7 +25,7 @@ from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_patter
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import remind_after_step, turns
 from proxy.targets import TargetRule, path_key
-from proxy.transcript import ToolResult, Transcript
+from proxy.transcript import ToolCall, ToolResult, Transcript
 
 RULE = "repeated_failure"
 ARGUMENTS_PREVIEW_CHARS = 300
@@ -76,6 +76,13 @@ class RepeatedFailure:
         edges = edge_text(result.text)
         return any(r.search(edges) for r in self._rejections)
 
+    def _bad(self, call: ToolCall) -> tuple[bool, bool]:
+        """(its result failed or was rejected, it was rejected) — only asked of calls repeated."""
+        if self._failures(call.result) is True:
+            return True, False
+        rejected = self.rejected(call.result)
+        return rejected, rejected
+
     def error_line(self, result: ToolResult | None) -> str:
         """The line to quote: the first edge line a failure pattern matches, else the first
         non-blank line of the result."""
@@ -92,8 +99,8 @@ class RepeatedFailure:
         actions: list[Action] = []
         for calls in turns(transcript.calls):
             runs: dict[tuple[str, str | None], int] = {}
-            # key -> (its result was bad, the one before it was bad too, rejected, result)
-            last: dict[tuple[str, str], tuple[bool, bool, bool, ToolResult | None]] = {}
+            # key -> (its last call, that call's predecessor with the key was bad)
+            last: dict[tuple[str, str], tuple[ToolCall, bool]] = {}
             for call in calls:
                 failed = self._failures(call.result)
                 target = self._targets(call.name, call.arguments)
@@ -108,19 +115,18 @@ class RepeatedFailure:
                 elif failed is False:
                     runs[on] = 0
                 key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-                prev = last.get(key)
-                rejected = failed is not True and self.rejected(call.result)
-                bad = failed is True or rejected
-                last[key] = (bad, prev is not None and prev[0], rejected, call.result)
+                entry = last.get(key)
+                prev = (*self._bad(entry[0]), entry[1], entry[0].result) if entry is not None else None
+                last[key] = (call, prev is not None and prev[0])
                 text = None
                 count = 0
-                if cfg.reissue and prev is not None and prev[0] and not prev[1]:
+                if cfg.reissue and prev is not None and prev[0] and not prev[2]:
                     text = REISSUE_TEXT.format(
-                        outcome="was rejected by the user" if prev[2] else "failed",
+                        outcome="was rejected by the user" if prev[1] else "failed",
                         tool=call.name,
                         arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
                         error=self.error_line(prev[3]),
-                        respect=" (the user rejected it: do what they asked instead)" if prev[2] else "",
+                        respect=" (the user rejected it: do what they asked instead)" if prev[1] else "",
                     )
                     count = 2
                 elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
