@@ -374,8 +374,8 @@ class StopConfig:
     ``after_ignored_denials``: stop when the response has a call the guards would deny and the
     turn already has this many withheld results (0 = off). ``on_cap``: stop when a call would pass
     the circuit breaker's lifetime cap. ``message``: a template with ``{tool}``, ``{count}``,
-    ``{limit}``, ``{kind}`` (``denials`` | ``cap``), ``{denials}``; empty = the built-in text for
-    each kind.
+    ``{limit}``, ``{kind}`` (``denials`` | ``cap`` | ``monologue``), ``{denials}``; empty = the
+    built-in text for each kind (``monologue``: ``guards.monologue.stop_at``).
     """
 
     after_ignored_denials: int = 2

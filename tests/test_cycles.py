@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.actions import Remind, Withhold
-from proxy.config import CyclesConfig, build
+from proxy.assemble import AssembledCall
+from proxy.config import Config, CyclesConfig, build
+from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.cycles import Cycles
+from proxy.response import StopJudge
 from tests.agent_steps import History
 from tests.rule_helpers import summary, transcript
 
@@ -148,3 +152,31 @@ def test_reminder_and_withhold_texts_and_positions() -> None:
         fresh=True,
         reason="cycle",
     )
+
+
+def judge(h: History, config: dict[str, Any] | None = None) -> StopJudge:
+    cfg = build(Config, config or {})
+    t = transcript(h)
+    guards = build_guards(cfg.guards)
+    ctx = Context(conversation="c")
+    return StopJudge(t, evaluate(t, guards, ctx), guards, ctx, cfg)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "next_call", "stops"),
+    [
+        pytest.param(5, GREP_A, True, id="two_withheld_then_the_cycle_goes_on"),
+        pytest.param(5, ("bash", {"command": "cat x.py"}, ""), False, id="breaking_the_cycle"),
+        pytest.param(4, GREP_A, False, id="one_withheld_only"),
+    ],
+)
+def test_response_side_stops_a_cycle_that_ignores_its_denials(
+    rounds: int, next_call: tuple[str, dict[str, Any], str], stops: bool
+) -> None:
+    """Calls 8, 9 and 10 of A B ×5 are withheld (cycles); the answer continuing the cycle with a
+    call whose result is not known yet is judged by the previous pair and ends the turn."""
+    h = History().steps([GREP_A, GREP_B] * rounds)
+    stop = judge(h)([AssembledCall("n", next_call[0], orjson.dumps(next_call[1]).decode())])
+    assert (stop is not None) == stops
+    if stop is not None:
+        assert (stop.rule, stop.reason, stop.tool) == ("stop", "denials", "bash")
