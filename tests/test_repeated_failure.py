@@ -113,12 +113,11 @@ def test_failing_text_quotes_the_error_line() -> None:
     assert action == Remind(
         after=h.result_position(3),
         text=(
-            "[loopguard] execute_ipython_cell on its arguments has now failed 3 times in a row. "
+            "[loopguard] execute_ipython_cell has now failed 3 times in a row. "
             "The last error:\n"
             "  SyntaxError: incomplete input\n"
             "Trying again the same way will fail the same way. Read the error and fix its cause first "
-            "(re-check your assumptions about its arguments), change your approach, or tell the user what is "
-            "blocking you."
+            "(re-check your assumptions), change your approach, or tell the user what is blocking you."
         ),
         rule="repeated_failure",
         tool="execute_ipython_cell",

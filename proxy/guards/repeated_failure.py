@@ -31,11 +31,11 @@ RULE = "repeated_failure"
 ARGUMENTS_PREVIEW_CHARS = 300
 
 FAILING_TEXT = (
-    "[loopguard] {tool} on {target} has now failed {count} times in a row. The last error:\n"
+    "[loopguard] {subject} has now failed {count} times in a row. The last error:\n"
     "  {error}\n"
     "Trying again the same way will fail the same way. Read the error and fix its cause first "
-    "(re-check your assumptions about {target}), change your approach, or tell the user what is "
-    "blocking you."
+    "(re-check your assumptions{about}), change your approach, or tell the user what is blocking "
+    "you."
 )
 REISSUE_TEXT = (
     "[loopguard] You made a call that {outcome} the last time, again with the exact same "
@@ -131,9 +131,10 @@ class RepeatedFailure:
                     count = 2
                 elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
                     count = runs[on]
+                    target = preview(where, 120) if where else ""
                     text = FAILING_TEXT.format(
-                        tool=call.name,
-                        target=preview(where, 120) if where else "its arguments",
+                        subject=f"{call.name} on {target}" if target else call.name,
+                        about=f" about {target}" if target else "",
                         count=count,
                         error=self.error_line(call.result),
                     )
