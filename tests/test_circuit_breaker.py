@@ -15,6 +15,7 @@ from proxy.guards import build_guards
 from proxy.guards.circuit_breaker import CAP_TEXT, DUPLICATE_TEXT, CircuitBreaker
 from proxy.observe import Stats, action_summary
 from proxy.rewrite import decide_request
+from tests.fakes import only_guard
 
 RESULT = "print('hi')"
 
@@ -326,7 +327,7 @@ def test_a_call_can_get_a_reminder_and_be_denied() -> None:
 
 def test_disabled_breaker_changes_nothing() -> None:
     messages = conversation([("read_file", '{"path": "a"}')] * 7)
-    cfg = {"guards": {"circuit_breaker": {"enabled": False}, "repeat_reminder": {"enabled": False}}}
+    cfg = only_guard("circuit_breaker", enabled=False)  # and every other guard off too
     raw = orjson.dumps({"model": "m", "messages": messages})
     c = build(Config, cfg)
     decision = decide_request(raw, {}, build_guards(c.guards), ())

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from proxy.actions import Remind
-from proxy.config import RecurrenceConfig, build
+from proxy.config import Config, RecurrenceConfig, build
+from proxy.guards import build_guards
 from proxy.guards.recurrence import Recurrence
 from tests.agent_steps import History
 from tests.rule_helpers import summary, transcript
@@ -156,6 +157,16 @@ def test_reminder_position_text_and_freshness() -> None:
     h.steps([LS])
     (again,) = guard()(transcript(h), None)
     assert (again.after, again.fresh) == (action.after, False)
+
+
+def test_runs_in_a_row_are_counted_when_repeat_reminder_is_off() -> None:
+    h = History().steps([LS, READ, READ, READ])
+    assert summary(Recurrence(RecurrenceConfig(), leave_runs=False), h) == [("remind", 4, 3)]
+    cfg = build(Config, {"guards": {"repeat_reminder": {"enabled": False}}})
+    (rec,) = [g for g in build_guards(cfg.guards) if getattr(g, "name", "") == "recurrence"]
+    assert summary(rec, h) == [("remind", 4, 3)]
+    (rec,) = [g for g in build_guards(Config().guards) if getattr(g, "name", "") == "recurrence"]
+    assert summary(rec, h) == []
 
 
 def test_tool_suffix_delivery() -> None:

@@ -56,7 +56,10 @@ def build_guards(cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS) -> tuple[Guard
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
         # issue 7: beyond exact repeats (reminders use repeat_reminder's inject_as; targets and
         # failures as turn_guard defines them)
-        (cfg.recurrence.enabled, lambda: Recurrence(cfg.recurrence, inject, masks)),
+        (
+            cfg.recurrence.enabled,
+            lambda: Recurrence(cfg.recurrence, inject, masks, leave_runs=cfg.repeat_reminder.enabled),
+        ),
         (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, masks, targets)),
         (
             cfg.repeated_failure.enabled,

@@ -8,8 +8,9 @@ Rules:
   whose status changes, re-reading a file after editing it). Without it, every identical call
   counts.
 - A reminder fires after the step of the call that makes ``occurrences`` (3) counted calls of
-  one key among the last ``window`` (20) calls of the turn, once per crossing. Runs where all
-  of them are consecutive calls are left to ``repeat_reminder`` (no double reminder).
+  one key among the last ``window`` (20) calls of the turn, once per crossing. While
+  ``repeat_reminder`` is on (``leave_runs``), occurrences that are all consecutive calls are left
+  to it (no double reminder).
 - The reminder names the tool, the arguments (preview), how often and over how many calls.
 """
 
@@ -39,14 +40,19 @@ TEXT = (
 class Recurrence:
     """Guard callable: ``Recurrence(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_ignore", "_masks")
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_masks")
 
     name = RULE
 
     def __init__(
-        self, cfg: RecurrenceConfig, delivery: Delivery = "user", masks: Masks = DEFAULT_MASKS
+        self,
+        cfg: RecurrenceConfig,
+        delivery: Delivery = "user",
+        masks: Masks = DEFAULT_MASKS,
+        leave_runs: bool = True,
     ) -> None:
         self._cfg = cfg
+        self._leave_runs = leave_runs
         self._delivery = delivery
         self._ignore = frozenset(cfg.ignore_args)
         self._masks = masks
@@ -68,7 +74,7 @@ class Recurrence:
                 while seen[0] <= i - cfg.window:
                     seen.pop(0)
                 count = len(seen)
-                if count != cfg.occurrences or seen[-1] - seen[0] == count - 1:
+                if count != cfg.occurrences or (self._leave_runs and seen[-1] - seen[0] == count - 1):
                     continue
                 text = TEXT.format(
                     tool=call.name,
