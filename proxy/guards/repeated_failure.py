@@ -18,6 +18,8 @@ Rules, per turn (calls after a user message):
 
 from __future__ import annotations
 
+from collections import Counter
+
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.config import RepeatedFailureConfig
@@ -76,6 +78,13 @@ class RepeatedFailure:
         edges = edge_text(result.text)
         return any(r.search(edges) for r in self._rejections)
 
+    def _on(self, call: ToolCall) -> tuple[str, str | None]:
+        """(tool, target) of ``call``; the target None when it has none."""
+        target = self._targets(call.name, call.arguments)
+        if target is None:
+            return call.name, None
+        return call.name, target.value if target.is_command else path_key(target.value)
+
     def _bad(self, call: ToolCall) -> tuple[bool, bool]:
         """(its result failed or was rejected, it was rejected) — only asked of calls repeated."""
         if self._failures(call.result) is True:
@@ -101,15 +110,12 @@ class RepeatedFailure:
             runs: dict[tuple[str, str | None], int] = {}
             # key -> (its last call, that call's predecessor with the key was bad)
             last: dict[tuple[str, str], tuple[ToolCall, bool]] = {}
-            for call in calls:
-                failed = self._failures(call.result)
-                target = self._targets(call.name, call.arguments)
-                where = (
-                    None
-                    if target is None
-                    else (target.value if target.is_command else path_key(target.value))
-                )
-                on = (call.name, where)
+            ons = [self._on(call) for call in calls]
+            # only a tool/target with enough calls in the turn can reach the run: classify just those
+            often = {on for on, n in Counter(ons).items() if cfg.failures and n >= cfg.failures}
+            for call, on in zip(calls, ons, strict=True):
+                where = on[1]
+                failed = self._failures(call.result) if on in often else None
                 if failed is True:
                     runs[on] = runs.get(on, 0) + 1
                 elif failed is False:
