@@ -9,9 +9,11 @@
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
   - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
     (kind ``cap``).
-  - (issue 7) the response's text would make ``guards.monologue.stop_at`` assistant messages in
-    a row with the same text (kind ``monologue``; :meth:`proxy.guards.monologue.Monologue.stop_count`,
-    the request-side rule's own count, no guard run needed).
+  - (issue 7) the response's text (with or without calls) would make ``guards.monologue.stop_at``
+    assistant messages in a row with the same text (kind ``monologue``; the request-side rule's own
+    count, :meth:`proxy.guards.monologue.Monologue.stop_count`, no guard run needed). A text-only
+    answer is only looked at when the history already ends in ``stop_at - 1`` such messages
+    (``StopJudge.on_text_only``); the stream guard then holds just that choice's finish chunk.
   A user message starts a new turn (no withheld results yet), so a stopped conversation the user
   continues is guarded afresh; the cap is never reset. The judge only runs the guards when one of
   the two can fire (enough withheld results, or enough calls in the conversation to reach the cap),
@@ -74,7 +76,7 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 MONOLOGUE = "monologue"
 MONOLOGUE_TEXT = (
     "[loopguard] Stopped: the model wrote the same message {count} times in a row, so loopguard "
-    "ended its turn here; the tool calls of that last reply were not run. Send a message to "
+    "ended its turn here; any tool call in that last reply was not run. Send a message to "
     "continue."
 )
 
@@ -126,7 +128,17 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
 class StopJudge:
     """``judge(calls) -> Stop | None`` for one request: would these response calls end the turn?"""
 
-    __slots__ = ("_after", "_cap", "_cfg", "_ctx", "_guards", "_monologue", "_transcript", "withheld")
+    __slots__ = (
+        "_after",
+        "_cap",
+        "_cfg",
+        "_ctx",
+        "_guards",
+        "_monologue",
+        "_transcript",
+        "on_text_only",
+        "withheld",
+    )
 
     def __init__(
         self,
@@ -145,6 +157,9 @@ class StopJudge:
         self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
         # monologue (issue 7): the request-side rule says how long the same-text run would get
         self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
+        #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
+        #: messages with the same text): the stream guard then holds a text-only choice's finish
+        self.on_text_only = self._monologue is not None and self._monologue.stop_possible(transcript)
         last_user = transcript.user_positions[-1] if transcript.user_positions else -1
         #: withheld results in the current turn of the request (fresh and re-derived)
         self.withheld = len(
@@ -161,7 +176,7 @@ class StopJudge:
     def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
         """``calls``: the response's tool calls; ``text``: its content (for the monologue stop)."""
         if not calls:
-            return None
+            return self._monologue_stop(calls, text) if self.on_text_only else None
         by_denials = 0 < self._after <= self.withheld
         by_cap = 0 < self._cap < len(self._transcript.calls) + len(calls)
         if not (by_denials or by_cap):
@@ -297,6 +312,12 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
                 actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
         calls = message_calls(msg)
         if not calls:
+            stop = judge([], content_text(msg.get("content"))) if judge is not None else None
+            if stop is not None:  # monologue in a text-only answer: the stop text after it
+                actions.append(stop)
+                msg["content"] = append_text(msg.get("content"), stop.text)
+                choice["finish_reason"] = "stop"
+                changed = True
             continue
         cut = runaway_cut(calls, cfg.response)
         kept = calls[: cut.count] if cut else calls

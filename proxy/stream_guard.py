@@ -214,6 +214,9 @@ class StreamGuard:
             if part.get("finish_reason") is not None:
                 finished.add(ci)
                 ch.finished = True
+                if not ch.pending and ch.text_seen and getattr(self._judge, "on_text_only", False):
+                    calls.add(ci)  # hold this finish: the judge may stop a text-only answer (monologue)
+                    ch.pending = True
         self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), out)
         if runaway is not None:
             self._abort(out, runaway=runaway)
@@ -274,7 +277,10 @@ class StreamGuard:
         kept = calls[: cut.count] if cut else calls
         if cut is not None:
             self.actions.append(cut)
-        stop = self._judge(kept, "".join(ch.text)) if self._judge is not None and kept else None
+        text_only = not calls and ch.text_seen
+        stop = (
+            self._judge(kept, "".join(ch.text)) if self._judge is not None and (kept or text_only) else None
+        )
         if stop is not None:
             self.actions.append(stop)
             ch.drop_calls = True

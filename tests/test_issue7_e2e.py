@@ -137,3 +137,44 @@ async def test_cycle_withhold_counted_under_its_rule(upstream: FakeUpstream, mak
     # fresh: the withhold of call 8; the reminder after call 6 is re-derived (not counted again)
     assert snap["per_rule"].get("cycles") == 1
     assert snap["results_withheld"] >= 1
+
+
+HARNESS = "[ERROR] You did not use a tool in your previous response! Please retry with a tool use."
+
+
+def text_only_model() -> Any:
+    """A model that answers every request with the same text and no tool call."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        if orjson.loads(body).get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for ev in sse_events(None, content=SAME):
+                await resp.write(ev)
+            await resp.write_eof()
+            return resp
+        return web.json_response(completion(None, content=SAME), dumps=lambda o: orjson.dumps(o).decode())
+
+    return handler
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_text_only_monologue_answered_by_a_harness_error_is_stopped_at_the_4th(
+    upstream: FakeUpstream, sdk, stream: bool
+) -> None:
+    """A harness that answers every text-only reply with the same error (Cline/Roo style): the
+    reminder is appended to the 3rd error message; the 4th identical reply gets the stop text."""
+    upstream.handler = text_only_model()
+    client = await sdk()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}]
+    replies: list[tuple[str, str]] = []
+    for _ in range(4):
+        msg, finish = await turn(client, messages, stream)
+        replies.append((msg["content"], finish))
+        messages += [msg, {"role": "user", "content": HARNESS}]
+    assert replies == [(SAME, "stop")] * 3 + [(f"{SAME}\n\n{MONOLOGUE_TEXT.format(count=4)}", "stop")]
+    fourth = upstream.requests[3].json()["messages"]
+    assert fourth[-1]["role"] == "user"
+    assert fourth[-1]["content"].startswith(f"{HARNESS}\n\n[loopguard] Your last 3 messages said exactly")
+    snap = await snapshot(client.base)
+    assert (snap["per_rule"].get("monologue"), snap["stops"]) == (1, 1)

@@ -116,3 +116,19 @@ def test_text_only_reminder_is_appended_to_the_answer() -> None:
 )
 def test_stop_count(history: History, text: str, expected: int) -> None:
     assert guard().stop_count(transcript(history), text) == expected
+
+
+@pytest.mark.parametrize(
+    ("history", "settings", "expected"),
+    [
+        pytest.param(with_calls([SAME] * 3), {}, True, id="three_same_one_more_stops"),
+        pytest.param(with_calls([SAME] * 2), {}, False, id="two_same"),
+        pytest.param(with_calls(["a", "b", "c"]), {}, False, id="all_different"),
+        pytest.param(with_calls([SAME] * 3), {"stop_at": 0}, False, id="stop_off"),
+        pytest.param(text_only([SAME] * 3, [HARNESS] * 3), {}, True, id="text_only_across_answers"),
+        pytest.param(History(), {}, False, id="no_assistant_message"),
+    ],
+)
+def test_stop_possible(history: History, settings: dict[str, Any], expected: bool) -> None:
+    """Whether the stream guard must hold a text-only answer's finish for the monologue stop."""
+    assert guard(**settings).stop_possible(transcript(history)) is expected

@@ -109,6 +109,12 @@ class Monologue:
             actions.append(Remind(after, body, RULE, "", count, self._cfg.repeats, fresh, delivery))
         return actions
 
+    def stop_possible(self, transcript: Transcript) -> bool:
+        """True when one more assistant message repeating the last one would reach ``stop_at``."""
+        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
+        stop_at = self._cfg.stop_at
+        return bool(stop_at) and last is not None and self.stop_count(transcript, last.text) >= stop_at
+
     def stop_count(self, transcript: Transcript, text: str) -> int:
         """How long the same-text run would be with one more assistant message saying ``text``
         (0 when ``text`` is blank)."""
