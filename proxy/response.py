@@ -75,9 +75,9 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 #: Stop kind (issue 7): the response repeats the same text as the assistant messages before it.
 MONOLOGUE = "monologue"
 MONOLOGUE_TEXT = (
-    "[loopguard] Stopped: the model wrote the same message {count} times in a row, so loopguard "
-    "ended its turn here; any tool call in that last reply was not run. Send a message to "
-    "continue."
+    "[loopguard] Stopped: the model repeated itself ({count} replies in a row that changed "
+    "nothing), so loopguard ended its turn here; any tool call in that last reply was not run. "
+    "Send a message to continue."
 )
 
 
@@ -195,11 +195,14 @@ class StopJudge:
         return self._monologue_stop(calls, text)
 
     def _monologue_stop(self, calls: Sequence[AssembledCall], text: str) -> Stop | None:
-        """Stop when ``text`` would be the ``monologue.stop_at``-th same message in a row."""
-        if self._monologue is None or not text:
+        """Stop when ``text`` would be the ``monologue.stop_at``-th same message in a row, or a
+        text-only answer the ``stop_at``-th text-only reply in a row answered the same way."""
+        if self._monologue is None or not text.strip():
             return None
         limit = self._monologue.config.stop_at
         count = self._monologue.stop_count(self._transcript, text)
+        if not calls:
+            count = max(count, self._monologue.answer_run(self._transcript) + 1)
         if count < limit:
             return None
         tool = calls[0].name if calls else ""

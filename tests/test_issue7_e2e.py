@@ -178,3 +178,22 @@ async def test_text_only_monologue_answered_by_a_harness_error_is_stopped_at_the
     assert fourth[-1]["content"].startswith(f"{HARNESS}\n\n[loopguard] Your last 3 messages said exactly")
     snap = await snapshot(client.base)
     assert (snap["per_rule"].get("monologue"), snap["stops"]) == (1, 1)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_different_text_only_replies_with_the_same_harness_error_stopped_at_the_4th(
+    upstream: FakeUpstream, make_proxy, stream: bool
+) -> None:
+    upstream.handler = text_only_model()
+    base = await make_proxy()
+    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}]
+    for text in ("I think it is fixed.", "It should work now.", "Done, I believe."):
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": HARNESS}]
+    try:
+        msg, finish = await turn(client, messages, stream)
+    finally:
+        await client.close()
+    assert (msg["content"], finish) == (f"{SAME}\n\n{MONOLOGUE_TEXT.format(count=4)}", "stop")
+    sent = upstream.requests[-1].json()["messages"]
+    assert sent[-1]["content"].startswith(f"{HARNESS}\n\n[loopguard] Your last 3 replies got the same answer")

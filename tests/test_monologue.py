@@ -132,3 +132,21 @@ def test_stop_count(history: History, text: str, expected: int) -> None:
 def test_stop_possible(history: History, settings: dict[str, Any], expected: bool) -> None:
     """Whether the stream guard must hold a text-only answer's finish for the monologue stop."""
     assert guard(**settings).stop_possible(transcript(history)) is expected
+
+
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        pytest.param(text_only(["a", "b", "c"], [HARNESS] * 3), 3, id="three_pairs"),
+        pytest.param(
+            text_only(["a", "b", "c"], ["go on", HARNESS, HARNESS]), 2, id="different_answer_breaks"
+        ),
+        pytest.param(
+            text_only(["a"], [HARNESS]).step(("ls", {}, "x")).say("b").user(HARNESS), 1, id="calls_break"
+        ),
+        pytest.param(with_calls([SAME] * 3), 0, id="ends_with_tool_results"),
+        pytest.param(text_only(["a", "b"], [HARNESS] * 2).say("c"), 0, id="ends_with_the_reply"),
+    ],
+)
+def test_answer_run(history: History, expected: int) -> None:
+    assert guard().answer_run(transcript(history)) == expected

@@ -110,10 +110,32 @@ class Monologue:
         return actions
 
     def stop_possible(self, transcript: Transcript) -> bool:
-        """True when one more assistant message repeating the last one would reach ``stop_at``."""
-        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
+        """True when one more assistant message repeating the last one, or one more text-only
+        reply after the same answer, would reach ``stop_at``."""
         stop_at = self._cfg.stop_at
-        return bool(stop_at) and last is not None and self.stop_count(transcript, last.text) >= stop_at
+        if not stop_at:
+            return False
+        if self.answer_run(transcript) + 1 >= stop_at:
+            return True
+        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
+        return last is not None and self.stop_count(transcript, last.text) >= stop_at
+
+    def answer_run(self, transcript: Transcript) -> int:
+        """How many text-only replies in a row, each answered by the same user message, end the
+        conversation (the *same answer* run)."""
+        said = transcript.said
+        run, answer, k = 0, "", len(said) - 1
+        while k >= 1:
+            reply, ans = said[k - 1], said[k]
+            if ans.role != "user" or reply.role != "assistant" or reply.has_calls:
+                break
+            if ans.position != reply.position + 1:
+                break
+            text = normalize(ans.text)
+            if not text or (run and text != answer):
+                break
+            run, answer, k = run + 1, text, k - 2
+        return run
 
     def stop_count(self, transcript: Transcript, text: str) -> int:
         """How long the same-text run would be with one more assistant message saying ``text``
