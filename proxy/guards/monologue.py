@@ -14,8 +14,10 @@ do not reset, because harnesses answer a reply they dislike with a user message)
   as in §6.1). A text-only reply has no tool result: its reminder is appended to the message
   that answered it (the harness's user message), never inserted, so roles keep alternating; a
   reply nothing answered yet gets none. Fresh when that message is the request's last.
-- Stop (:meth:`Monologue.stop_count`, read by :class:`proxy.response.StopJudge`): a response
-  whose text would make the same-text run ``stop_at`` (4) long ends the turn.
+- Stop (:meth:`Monologue.stop_count`, :meth:`Monologue.answer_run`, read by
+  :class:`proxy.response.StopJudge`): a response whose text would make the same-text run
+  ``stop_at`` (4) long, or a text-only response after ``stop_at - 1`` text-only replies that each
+  got the same answer, ends the turn (:meth:`Monologue.stop_possible` says when to look).
 """
 
 from __future__ import annotations
