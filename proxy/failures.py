@@ -34,6 +34,7 @@ Pure; never raises on any input.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import orjson
@@ -133,12 +134,18 @@ class FailureRule:
     """Classifies tool results: ``FailureRule()(result)`` is True (failure), False (success) or
     None (no result yet). ``patterns`` replace :data:`DEFAULT_FAILURE_PATTERNS`."""
 
-    __slots__ = ("_any", "_compiled", "patterns")
+    __slots__ = ("_any", "_compiled", "_memo", "patterns")
+
+    #: Verdicts remembered per text (a conversation's old results come back on every request):
+    #: texts up to MEMO_MAX_CHARS, at most MEMO_ENTRIES of them (oldest dropped), ≤ 32 MiB.
+    MEMO_MAX_CHARS = 16 * 1024
+    MEMO_ENTRIES = 2048
 
     def __init__(self, patterns: Sequence[str] = DEFAULT_FAILURE_PATTERNS) -> None:
         self.patterns = tuple(patterns)
         self._compiled = tuple(compile_pattern(p) for p in self.patterns)
         self._any: re.Pattern[str] | None = None  # all patterns in one scan, when they combine
+        self._memo: OrderedDict[str, bool] = OrderedDict()
         if self.patterns and not any(_BACKREF.search(p) for p in self.patterns):
             try:
                 self._any = re.compile("|".join(f"(?:{p})" for p in self.patterns), re.MULTILINE)
@@ -146,7 +153,21 @@ class FailureRule:
                 self._any = None
 
     def failed_text(self, text: str) -> bool:
-        """True when ``text`` is a failure by rule steps 2 and 3 (as :meth:`reason`, faster)."""
+        """True when ``text`` is a failure by rule steps 2 and 3 (as :meth:`reason`, faster;
+        memoized for texts up to :attr:`MEMO_MAX_CHARS`)."""
+        if len(text) > self.MEMO_MAX_CHARS:
+            return self._failed_text(text)
+        memo = self._memo
+        verdict = memo.get(text)
+        if verdict is None:
+            verdict = memo[text] = self._failed_text(text)
+            if len(memo) > self.MEMO_ENTRIES:
+                memo.popitem(last=False)
+        else:
+            memo.move_to_end(text)
+        return verdict
+
+    def _failed_text(self, text: str) -> bool:
         if json_error(text):
             return True
         if self._any is not None:

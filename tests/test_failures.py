@@ -251,3 +251,15 @@ def test_pattern_matching_an_empty_result_is_rejected(pattern: str) -> None:
 def test_bad_regex_raises_re_error() -> None:
     with pytest.raises(re.error):
         compile_pattern("(")
+
+
+def test_memoized_verdicts_equal_fresh_ones_and_the_memo_stays_bounded() -> None:
+    rule = FailureRule()
+    texts = ["Error: boom", "ok", "Traceback (most recent call last):\n  x", "fine\nexit code 0"]
+    first = [rule.failed_text(t) for t in texts]
+    assert first == [True, False, True, False]
+    assert [rule.failed_text(t) for t in texts] == first  # served from the memo
+    for i in range(FailureRule.MEMO_ENTRIES + 10):
+        rule.failed_text(f"line {i}")
+    assert len(rule._memo) == FailureRule.MEMO_ENTRIES
+    assert rule.failed_text("Error: boom") is True  # evicted, recomputed the same
