@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -35,6 +36,12 @@ HOP_BY_HOP = frozenset(
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
+@functools.lru_cache(maxsize=8)
+def _base_parts(base: str) -> tuple[str, str, str]:
+    parts = urlsplit(base)
+    return parts.scheme, parts.netloc, parts.path.rstrip("/")
+
+
 def upstream_url(base: str, raw_path: str) -> str:
     """Map an incoming raw path (with query) onto the upstream base URL.
 
@@ -44,21 +51,25 @@ def upstream_url(base: str, raw_path: str) -> str:
     'http://h:8080/health'
     """
     path, _, query = raw_path.partition("?")
-    parts = urlsplit(base)
+    scheme, netloc, base_path = _base_parts(base)
     if path == "/v1" or path.startswith("/v1/"):
-        path = parts.path.rstrip("/") + path[3:]
-    return urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+        path = base_path + path[3:]
+    return urlunsplit((scheme, netloc, path, query, ""))
 
 
-def filter_headers(headers: Iterable[tuple[str, str]], drop: Iterable[str] = ()) -> CIMultiDict[str]:
-    """Copy headers (duplicates and order kept) minus hop-by-hop ones, those listed in a
-    ``Connection`` header, and ``drop`` (case-insensitive)."""
-    items = list(headers)
-    dropped = set(HOP_BY_HOP) | {d.lower() for d in drop}
-    for k, v in items:
-        if k.lower() == "connection":
-            dropped |= {t.strip().lower() for t in v.split(",") if t.strip()}
-    return CIMultiDict((k, v) for k, v in items if k.lower() not in dropped)
+#: What a request to the upstream never carries: hop-by-hop headers plus Host and Content-Length
+#: (aiohttp sets both for the upstream).
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+
+
+def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] = HOP_BY_HOP) -> CIMultiDict[str]:
+    """Copy headers (duplicates and order kept) minus ``drop`` (lower-case names; default the
+    hop-by-hop ones) and any named in a ``Connection`` header, case-insensitive."""
+    items = [(k, v, k.lower()) for k, v in headers]
+    for _, v, low in items:
+        if low == "connection":
+            drop = drop | {t.strip().lower() for t in v.split(",") if t.strip()}
+    return CIMultiDict((k, v) for k, v, low in items if low not in drop)
 
 
 def redact_url(url: str) -> str:

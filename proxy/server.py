@@ -163,7 +163,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             _record_incidents(app, decision)
 
     url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
-    headers = forward.filter_headers(request.headers.items(), drop=("host", "content-length"))
+    headers = forward.filter_headers(request.headers.items(), forward.REQUEST_DROP)
     fields = {
         "method": request.method,
         "path": request.path,
