@@ -149,7 +149,9 @@ class StopJudge:
         cfg: Config,
     ) -> None:
         self._transcript = transcript
-        self._guards = guards
+        # Only guards that can withhold decide whether a call "would be denied"; reminder-only
+        # guards (``withholds = False``) are skipped. A guard without the flag is asked.
+        self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
         self._ctx = ctx
         self._cfg = cfg.stop
         self._after = cfg.stop.after_ignored_denials

@@ -65,6 +65,8 @@ class EchoLoop:
     __slots__ = ("_cfg", "_delivery", "_masks")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(
         self, cfg: EchoLoopConfig, delivery: Delivery = "user", masks: Masks = DEFAULT_MASKS

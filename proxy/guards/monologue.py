@@ -59,6 +59,8 @@ class Monologue:
     __slots__ = ("_cfg", "_delivery")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(self, cfg: MonologueConfig, delivery: Delivery = "user") -> None:
         self._cfg = cfg

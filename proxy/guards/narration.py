@@ -70,6 +70,8 @@ class Narration:
     __slots__ = ("_after", "_every")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(self, cfg: TurnGuardConfig) -> None:
         self._after = cfg.narrate_after_ms

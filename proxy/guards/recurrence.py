@@ -43,6 +43,8 @@ class Recurrence:
     __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_masks")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(
         self,

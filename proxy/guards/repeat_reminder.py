@@ -59,6 +59,8 @@ class RepeatReminder:
     __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_masks", "_thresholds")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(self, cfg: RepeatReminderConfig, masks: Masks = DEFAULT_MASKS) -> None:
         self._cfg = cfg

@@ -56,6 +56,8 @@ class RepeatedFailure:
     __slots__ = ("_cfg", "_delivery", "_failures", "_ignore", "_patterns", "_rejections", "_targets")
 
     name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
 
     def __init__(
         self,
