@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from openai import AsyncOpenAI
 
 from proxy.config import Config, ListenConfig, build
 from proxy.server import start
@@ -60,3 +61,20 @@ async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
     yield factory
     for r in runners:
         await r.cleanup()
+
+
+@pytest.fixture
+async def sdk(make_proxy) -> AsyncIterator[Any]:
+    """``await sdk(config)`` → an AsyncOpenAI client on a fresh proxy (closed at the end)."""
+    clients: list[AsyncOpenAI] = []
+
+    async def factory(config: dict[str, Any] | None = None, **headers: str) -> AsyncOpenAI:
+        base = await make_proxy(config)
+        client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0, default_headers=headers)
+        client.base = base  # type: ignore[attr-defined]
+        clients.append(client)
+        return client
+
+    yield factory
+    for c in clients:
+        await c.close()

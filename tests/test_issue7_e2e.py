@@ -4,7 +4,6 @@ new rule is counted under its own name in ``GET /loop-guard``; the upstream sees
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,6 +16,8 @@ from proxy.guards.cycles import WITHHOLD_TEXT
 from proxy.response import MONOLOGUE_TEXT
 from tests.agent_steps import History
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+from tests.sdk_agent import agent_loop as shared_agent_loop
+from tests.sdk_agent import snapshot, turn
 
 SAME = "Let me look at the configuration once more."
 RESULT = "debug: false"
@@ -42,56 +43,12 @@ def monologue_model(request_stream: bool) -> Any:
     return handler
 
 
-@pytest.fixture
-async def sdk(make_proxy) -> AsyncIterator[Any]:
-    clients: list[AsyncOpenAI] = []
-
-    async def factory(config: dict[str, Any] | None = None) -> AsyncOpenAI:
-        base = await make_proxy(config)
-        client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-        client.base = base  # type: ignore[attr-defined]
-        clients.append(client)
-        return client
-
-    yield factory
-    for c in clients:
-        await c.close()
-
-
-async def turn(
-    client: AsyncOpenAI, messages: list[dict[str, Any]], stream: bool
-) -> tuple[dict[str, Any], str]:
-    if not stream:
-        resp = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
-        choice = resp.choices[0]
-        return choice.message.model_dump(exclude_none=True), str(choice.finish_reason)
-    async with client.chat.completions.stream(model="m", messages=messages) as s:  # type: ignore[arg-type]
-        final = await s.get_final_completion()
-    choice = final.choices[0]
-    msg = choice.message.model_dump(exclude_none=True, exclude={"parsed"})
-    for tc_ in msg.get("tool_calls") or []:
-        tc_["function"].pop("parsed_arguments", None)
-    return msg, str(choice.finish_reason)
-
-
 async def agent_loop(
     client: AsyncOpenAI, stream: bool, max_steps: int = 12
 ) -> tuple[list[dict[str, Any]], int, str]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why does the app start in debug mode?"}]
-    finish = ""
-    for step in range(1, max_steps + 1):
-        msg, finish = await turn(client, messages, stream)
-        messages.append(msg)
-        if not msg.get("tool_calls"):
-            return messages, step, finish
-        for call in msg["tool_calls"]:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": RESULT})
-    return messages, max_steps, finish
-
-
-async def snapshot(base: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard") as r:
-        return await r.json()
+    return await shared_agent_loop(
+        client, stream, max_steps, result=RESULT, prompt="Why does the app start in debug mode?"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

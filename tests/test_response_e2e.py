@@ -16,7 +16,6 @@ import orjson
 import pytest
 import structlog
 from aiohttp import web
-from openai import AsyncOpenAI, LengthFinishReasonError
 
 import proxy.relay
 import proxy.stream_guard
@@ -24,6 +23,7 @@ from proxy.observe import configure_logging
 from proxy.response import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
 from tests.quirks import ARGS, QUIRKS, ROLE, Quirk, calls, chunk, ev, tc
+from tests.sdk_agent import agent_loop, snapshot, turn
 
 CHAT = "/v1/chat/completions"
 RESULT = "print('hi')"
@@ -36,65 +36,6 @@ async def agent() -> AsyncIterator[aiohttp.ClientSession]:
     skip = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
     async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=skip) as s:
         yield s
-
-
-@pytest.fixture
-async def sdk(make_proxy) -> AsyncIterator[Any]:
-    """``await sdk(config)`` → an AsyncOpenAI client on a fresh proxy (closed at the end)."""
-    clients: list[AsyncOpenAI] = []
-
-    async def factory(config: dict[str, Any] | None = None, **headers: str) -> AsyncOpenAI:
-        base = await make_proxy(config)
-        client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0, default_headers=headers)
-        client.base = base  # type: ignore[attr-defined]
-        clients.append(client)
-        return client
-
-    yield factory
-    for c in clients:
-        await c.close()
-
-
-async def turn(
-    client: AsyncOpenAI, messages: list[dict[str, Any]], stream: bool
-) -> tuple[dict[str, Any], str]:
-    """One model turn through the SDK, as an agent records it: (message, finish_reason)."""
-    if not stream:
-        resp = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
-        choice = resp.choices[0]
-        return choice.message.model_dump(exclude_none=True), str(choice.finish_reason)
-    async with client.chat.completions.stream(model="m", messages=messages) as s:  # type: ignore[arg-type]
-        try:
-            final = await s.get_final_completion()
-        except LengthFinishReasonError as exc:  # the SDK's helper refuses to "parse" a cut answer
-            final = exc.completion
-    choice = final.choices[0]
-    msg = choice.message.model_dump(exclude_none=True, exclude={"parsed"})
-    for tc_ in msg.get("tool_calls") or []:
-        tc_["function"].pop("parsed_arguments", None)
-    return msg, str(choice.finish_reason)
-
-
-async def agent_loop(
-    client: AsyncOpenAI, stream: bool, max_steps: int = 30, messages: list[dict[str, Any]] | None = None
-) -> tuple[list[dict[str, Any]], int, str]:
-    """Run the tool loop until the model answers without a call or ``max_steps`` model turns;
-    returns the history, the number of model turns and the last finish_reason."""
-    messages = messages if messages is not None else [{"role": "user", "content": "Read app.py"}]
-    finish = ""
-    for step in range(1, max_steps + 1):
-        msg, finish = await turn(client, messages, stream)
-        messages.append(msg)
-        if not msg.get("tool_calls"):
-            return messages, step, finish
-        for call in msg["tool_calls"]:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": RESULT})
-    return messages, max_steps, finish
-
-
-async def snapshot(base: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard") as r:
-        return await r.json()
 
 
 # --- the stop ends the agent's loop -------------------------------------------------------------------
