@@ -105,3 +105,12 @@ def test_seed_profiles_enable_exactly_their_guard(
     if ignore_args is not None:
         assert cfg.guards.repeat_reminder.ignore_args == ignore_args
     assert main(["check-config", str(ROOT / "config/profiles" / profile)]) == 0
+
+
+@pytest.mark.parametrize("profile", sorted(p.name for p in (ROOT / "config/profiles").glob("dsh-*.yaml")))
+def test_seed_profiles_have_no_response_side(profile: str) -> None:
+    """The seeds only rewrote requests: no stop, no runaway or degenerate-text cut."""
+    cfg = load_config(ROOT / "config/profiles" / profile)
+    assert (cfg.stop.after_ignored_denials, cfg.stop.on_cap) == (0, False)
+    assert (cfg.response.max_calls_per_response, cfg.response.max_identical_per_response) == (0, 0)
+    assert cfg.response.degenerate_text.enabled is False
