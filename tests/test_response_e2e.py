@@ -19,6 +19,7 @@ from aiohttp import web
 
 import proxy.relay
 import proxy.stream_guard
+from proxy.config import GuardsConfig
 from proxy.observe import configure_logging
 from proxy.response import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
@@ -156,12 +157,17 @@ def runaway_handler(n: int, progress: dict[str, Any]) -> Any:
     return handler
 
 
+ALL_GUARDS_OFF = {"guards": {name: {"enabled": False} for name in GuardsConfig.__dataclass_fields__}}
+
+
+@pytest.mark.parametrize("config", [None, ALL_GUARDS_OFF], ids=["defaults", "request_guards_off"])
 async def test_300_identical_streamed_calls_agent_gets_4_and_upstream_is_closed(
-    upstream: FakeUpstream, sdk
+    upstream: FakeUpstream, sdk, config: dict[str, Any] | None
 ) -> None:
+    """The runaway cut needs no request-side guard: with all of them off it still applies."""
     progress: dict[str, Any] = {"written": 0, "closed": asyncio.Event()}
     upstream.handler = runaway_handler(300, progress)
-    client = await sdk()
+    client = await sdk(config)
     msg, finish = await turn(client, [{"role": "user", "content": "go"}], stream=True)
     assert finish == "tool_calls"
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
