@@ -31,6 +31,18 @@ DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
 DENY_PLACEHOLDERS = ("tool", "count", "limit", "kind")
 
 
+def _check_failure_patterns(patterns: tuple[str, ...], key: str) -> None:
+    """Each pattern must compile as a failure pattern (:func:`proxy.failures.compile_pattern`);
+    the error names ``key[i]``."""
+    for i, pattern in enumerate(patterns):
+        try:
+            compile_pattern(pattern)
+        except re.error as e:
+            raise ConfigError(f"{key}[{i}]", f"is not a valid regular expression: {e}") from None
+        except ValueError as e:
+            raise ConfigError(f"{key}[{i}]", f"is rejected: {e}") from None
+
+
 @dataclass(frozen=True)
 class ListenConfig:
     host: str = "127.0.0.1"
@@ -194,15 +206,7 @@ class TurnGuardConfig:
             for i, name in enumerate(names):
                 if not name:
                     raise ConfigError(f"{path}.targets.{tool}[{i}]", "argument names must not be empty")
-        for i, pattern in enumerate(self.failure_patterns):
-            try:
-                compile_pattern(pattern)
-            except re.error as e:
-                raise ConfigError(
-                    f"{path}.failure_patterns[{i}]", f"is not a valid regular expression: {e}"
-                ) from None
-            except ValueError as e:
-                raise ConfigError(f"{path}.failure_patterns[{i}]", f"is rejected: {e}") from None
+        _check_failure_patterns(self.failure_patterns, f"{path}.failure_patterns")
 
 
 #: Result texts that say the user rejected a call (``guards.repeated_failure.rejection_patterns``).
@@ -279,15 +283,7 @@ class RepeatedFailureConfig:
     def check(self, path: str) -> None:
         _check_range(self, path, "failures", 2, zero_ok=True)
         _check_range(self, path, "error_preview_chars", 1)
-        for i, pattern in enumerate(self.rejection_patterns):
-            try:
-                compile_pattern(pattern)
-            except re.error as e:
-                raise ConfigError(
-                    f"{path}.rejection_patterns[{i}]", f"is not a valid regular expression: {e}"
-                ) from None
-            except ValueError as e:
-                raise ConfigError(f"{path}.rejection_patterns[{i}]", f"is rejected: {e}") from None
+        _check_failure_patterns(self.rejection_patterns, f"{path}.rejection_patterns")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -10,9 +9,9 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.config import Config, ListenConfig, build
 from proxy.server import start
 from tests.fakes import FakeUpstream, Recorded, looping_handler
+from tests.proxy_server import proxy_config
 
 
 @pytest.fixture
@@ -48,12 +47,7 @@ async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
     runners: list[web.AppRunner] = []
 
     async def factory(config: dict[str, Any] | None = None, upstream_url: str | None = None) -> str:
-        cfg = build(Config, config or {})
-        cfg = dataclasses.replace(
-            cfg,
-            listen=ListenConfig(host="127.0.0.1", port=0),
-            upstream=dataclasses.replace(cfg.upstream, url=upstream_url or upstream.url),
-        )
+        cfg = proxy_config(config, upstream_url or upstream.url)
         runner, port = await start(cfg)
         runners.append(runner)
         return f"http://127.0.0.1:{port}"

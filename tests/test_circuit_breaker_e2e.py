@@ -4,10 +4,7 @@ against the real proxy in front of a fake looping model; retries, restarts, a br
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +14,11 @@ import pytest
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from proxy.config import Config, ListenConfig, build
 from proxy.conversation import conversation_key
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
-from proxy.server import INCIDENTS_KEY, start
+from proxy.server import INCIDENTS_KEY
 from tests.fakes import FakeUpstream
+from tests.proxy_server import serve
 
 RESULT = "print('hi')"
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -72,22 +69,6 @@ async def stats(base: str) -> dict[str, Any]:
 
 def lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
-
-
-@contextlib.asynccontextmanager
-async def serve(config: dict[str, Any], upstream_url: str) -> AsyncIterator[tuple[str, Any]]:
-    """A proxy we can stop ourselves (a restart); yields its base URL and app."""
-    cfg = build(Config, config)
-    cfg = dataclasses.replace(
-        cfg,
-        listen=ListenConfig(host="127.0.0.1", port=0),
-        upstream=dataclasses.replace(cfg.upstream, url=upstream_url),
-    )
-    runner, port = await start(cfg)
-    try:
-        yield f"http://127.0.0.1:{port}", runner.app
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

@@ -4,10 +4,7 @@ narration with the server's clock replaced; ``GET /loop-guard?conversation=``.""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +15,10 @@ import yaml
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.config import Config, ListenConfig, build
 from proxy.guards.narration import render
-from proxy.server import MEMORY_KEY, start
+from proxy.server import MEMORY_KEY
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+from tests.proxy_server import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = yaml.safe_load((ROOT / "config/profiles/dsh-loop-guard.yaml").read_text())
@@ -95,21 +92,6 @@ async def get(base: str, path: str, token: str | None = None) -> tuple[int, Any]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as s, s.get(base + path, headers=headers) as r:
         return r.status, await r.json()
-
-
-@contextlib.asynccontextmanager
-async def serve(config: dict[str, Any], upstream_url: str) -> AsyncIterator[tuple[str, web.Application]]:
-    cfg = build(Config, config)
-    cfg = dataclasses.replace(
-        cfg,
-        listen=ListenConfig(host="127.0.0.1", port=0),
-        upstream=dataclasses.replace(cfg.upstream, url=upstream_url),
-    )
-    runner, port = await start(cfg)
-    try:
-        yield f"http://127.0.0.1:{port}", runner.app
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
