@@ -409,7 +409,7 @@ class ResponseConfig:
     """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit."""
 
     max_calls_per_response: int = 32
-    max_identical_per_response: int = 4
+    max_identical_per_response: int = 2
     degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
 
     def check(self, path: str) -> None:

@@ -15,7 +15,7 @@ def test_defaults_match_the_issue() -> None:
     assert plain["stop"] == {"after_ignored_denials": 2, "on_cap": True, "message": ""}
     assert plain["response"] == {
         "max_calls_per_response": 32,
-        "max_identical_per_response": 4,
+        "max_identical_per_response": 2,
         "degenerate_text": {"enabled": True, "min_repeats": 10, "min_chars": 200, "max_period": 500},
     }
 

@@ -195,11 +195,12 @@ RCFG = Config().response
 @pytest.mark.parametrize(
     ("calls", "expected"),
     [
-        pytest.param([call()] * 4, None, id="4_identical_ok"),
-        pytest.param([call()] * 300, ("identical", 4, 4), id="300_identical_cut_to_4"),
+        pytest.param([call()] * 2, None, id="2_identical_ok"),
+        pytest.param([call()] * 3, ("identical", 2, 2), id="the_3rd_identical_is_cut"),
+        pytest.param([call()] * 300, ("identical", 2, 2), id="300_identical_cut_to_2"),
         pytest.param(
-            [call(), call(), call("grep"), call(), call(), call("ls"), call()],
-            ("identical", 6, 4),
+            [call(), call("grep"), call(), call("ls"), call()],
+            ("identical", 4, 2),
             id="identical_need_not_be_consecutive",
         ),
         pytest.param(
@@ -213,9 +214,8 @@ RCFG = Config().response
                 call(args='{"path": "app.py"}'),
                 call(args='{ "path" : "app.py" }'),
                 call(args={"path": "app.py"}),
-            ]
-            * 2,
-            ("identical", 4, 4),
+            ],
+            ("identical", 2, 2),
             id="canonical_arguments_compared",
         ),
     ],
@@ -231,10 +231,10 @@ def test_runaway_limits_can_be_turned_off() -> None:
 
 
 def test_streaming_counts_only_complete_calls_as_identical() -> None:
-    calls = [call()] * 5
-    assert runaway_cut(calls, RCFG, complete=4) is None  # the 5th may still be growing
-    cut = runaway_cut(calls, RCFG, complete=5)
-    assert cut is not None and cut.count == 4
+    calls = [call()] * 3
+    assert runaway_cut(calls, RCFG, complete=2) is None  # the 3rd may still be growing
+    cut = runaway_cut(calls, RCFG, complete=3)
+    assert cut is not None and cut.count == 2
 
 
 # --- JSON bodies ------------------------------------------------------------------------------------
@@ -266,13 +266,13 @@ def test_json_unchanged_gives_none() -> None:
     assert decide_json(b"not json", None, Config()) == (None, [])
 
 
-def test_json_runaway_keeps_the_first_four_identical_calls() -> None:
+def test_json_runaway_keeps_the_first_two_identical_calls() -> None:
     body = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(300)])
     new, actions = decide_json(orjson.dumps(body), None, Config())
     assert new is not None
     calls = orjson.loads(new)["choices"][0]["message"]["tool_calls"]
-    assert [c["id"] for c in calls] == ["c0", "c1", "c2", "c3"]
-    assert actions == [Cut("runaway", "read_file", 4, 4, "identical")]
+    assert [c["id"] for c in calls] == ["c0", "c1"]
+    assert actions == [Cut("runaway", "read_file", 2, 2, "identical")]
 
 
 def test_json_degenerate_text_is_reported_only() -> None:

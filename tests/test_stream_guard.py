@@ -198,7 +198,7 @@ def identical_calls_stream(n: int) -> list[bytes]:
     return out
 
 
-def test_300_identical_calls_cut_to_4_as_soon_as_the_5th_is_complete() -> None:
+def test_300_identical_calls_cut_to_2_as_soon_as_the_3rd_is_complete() -> None:
     events = identical_calls_stream(300)
     guard = StreamGuard(Config(), Judge(None))
     out = b""
@@ -209,11 +209,11 @@ def test_300_identical_calls_cut_to_4_as_soon_as_the_5th_is_complete() -> None:
         out += o.data
         if o.abort:
             break
-    assert fed == 1 + 5 * 3 + 1  # the first delta of call 6 shows call 5 is complete
+    assert fed == 1 + 3 * 3 + 1  # the first delta of call 4 shows call 3 is complete
     seen = agent_view(out)
-    assert seen.calls == [(f"call_{i}", "read_file", ARGS) for i in range(4)]
+    assert seen.calls == [(f"call_{i}", "read_file", ARGS) for i in range(2)]
     assert (seen.finish, seen.done) == (["tool_calls"], True)
-    assert guard.actions == [Cut("runaway", "read_file", 4, 4, "identical")]
+    assert guard.actions == [Cut("runaway", "read_file", 2, 2, "identical")]
     assert guard.feed(b"more bytes").data == b""  # after the cut, nothing more goes out
 
 
@@ -238,7 +238,7 @@ def test_runaway_then_stop_on_the_kept_calls() -> None:
     judge = Judge(STOP)
     out, guard, aborts = run(b"".join(identical_calls_stream(10)), 1 << 20, judge)
     assert aborts == [True]
-    assert judge.asked == [[(f"call_{i}", "read_file", ARGS) for i in range(4)]]
+    assert judge.asked == [[(f"call_{i}", "read_file", ARGS) for i in range(2)]]
     seen = agent_view(out)
     assert (seen.calls, seen.content, seen.finish) == ([], STOP.text, ["stop"])
     assert [a.kind for a in guard.actions] == ["cut", "stop"]
@@ -247,14 +247,14 @@ def test_runaway_then_stop_on_the_kept_calls() -> None:
 def test_identical_calls_at_the_end_of_the_stream_are_cut_without_abort() -> None:
     raw = stream(
         chunk(ROLE),
-        *(chunk(calls(tc(i, f"c{i}", "read_file", ARGS, type_=True))) for i in range(5)),
+        *(chunk(calls(tc(i, f"c{i}", "read_file", ARGS, type_=True))) for i in range(3)),
         chunk(finish="tool_calls"),
     )
     out, guard, aborts = run(raw, 1 << 20, None)
     assert aborts == [False]
-    assert guard.actions == [Cut("runaway", "read_file", 4, 4, "identical")]
+    assert guard.actions == [Cut("runaway", "read_file", 2, 2, "identical")]
     seen = agent_view(out)
-    assert [c[0] for c in seen.calls] == ["c0", "c1", "c2", "c3"]
+    assert [c[0] for c in seen.calls] == ["c0", "c1"]
     assert seen.finish == ["tool_calls"]
 
 
