@@ -7,14 +7,23 @@ upstream's answer (a ``chat.completion`` JSON, or the same as SSE with ``stream=
 loopguard server (same code path as ``loopguard serve``) runs in front of the fake upstream for
 each fixture, with the given config.
 
-What the proxy did is observed from the outside only:
+What the proxy did is observed from the outside only, and each action is counted at one call (the
+strict reading: an action on the request side counts at the last call of the step it follows, since
+the agent ran every call of that step before the model saw it; a cut counts at the first call the
+agent did not get; a stop at the call it replaced):
 
 - **request side** — what reached the upstream, compared with what was sent: a message that was not
-  sent is a *reminder* (it concerns the call whose result it follows: the last call of that step);
-  a tool result whose content changed is a *withhold*, or a reminder appended to it (``tool_suffix``
-  delivery: the original content is a prefix of the new one); both act at that call;
+  sent is a *reminder*, at the last call whose result precedes it (the last call of that step); a
+  tool result whose content changed is a *withhold* at its own call, or a reminder appended to it
+  (``tool_suffix`` delivery: the original content is a prefix of the new one; also text appended
+  to a user message) at the last call of the step that result belongs to; a reminder appended to
+  a denial text (``\n\n[loopguard]…`` after it) is a reminder too;
 - **response side** — what the agent received, compared with message *i*: no tool calls any more
-  is a *stop*, fewer is a *cut*; both act at the first call of message *i* the agent did not get.
+  is a *stop* at the first call of message *i*, fewer is a *cut* at the first call the agent did
+  not get.
+
+Every reminder text the model received is kept (:attr:`Replay.reminders`) with the position it
+had in the agent's messages, so that its claims can be checked against the history before it.
 
 Calls are numbered in conversation order from 1, counting every call of every assistant message.
 The rule behind an observation is read from ``GET /loop-guard`` (``per_rule``: fresh actions) — a
@@ -97,21 +106,48 @@ class Observation:
         return f"call {self.call} {rules} {self.kind}"
 
 
+@dataclass(frozen=True)
+class Reminder:
+    """One reminder text the model received: ``text`` (one reminder: merged ones are split), the
+    1-based ``call`` it counts at, the replayed assistant message ``message``, ``upto`` (the agent's
+    messages before it: ``fixture["messages"][:upto]``, the message a text was appended to
+    included, as the agent sent it) and the ``rules`` seen reminding in that exchange."""
+
+    text: str
+    call: int
+    message: int
+    upto: int
+    rules: tuple[str, ...] = ()
+
+
 @dataclass
 class Replay:
-    """A fixture's replay: every observation (first occurrence of each, in order of the calls)."""
+    """A fixture's replay: every observation (first occurrence of each, in order of the calls) and
+    every distinct reminder text received (first occurrence of each ``(upto, text)``)."""
 
     fixture: dict[str, Any]
     stream: bool
     observations: list[Observation] = field(default_factory=list)
+    reminders: list[Reminder] = field(default_factory=list)
     requests: int = 0
 
     @property
     def first(self) -> Observation | None:
         return min(self.observations, key=lambda o: (o.call, o.message), default=None)
 
+    @property
+    def calls(self) -> int:
+        """Tool calls in the fixture (every call of every assistant message)."""
+        return sum(map(len, call_numbers(self.fixture["messages"])[1]))
+
     def blocking(self) -> list[Observation]:
         return [o for o in self.observations if o.kind in BLOCKING]
+
+    def first_of(self, kinds: Sequence[str]) -> Observation | None:
+        """The earliest observation of one of ``kinds``."""
+        return min(
+            (o for o in self.observations if o.kind in kinds), key=lambda o: (o.call, o.message), default=None
+        )
 
 
 @dataclass(frozen=True)
@@ -266,6 +302,28 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
+@dataclass(frozen=True)
+class Change:
+    """One request-side change: ``kind`` (``remind`` or ``withhold``), the ``call`` it counts at,
+    ``upto`` (the sent messages before it, the changed message included) and ``text`` (the
+    reminder text, or a withheld result's new content)."""
+
+    kind: str
+    call: int
+    upto: int
+    text: str
+
+
+#: Where one reminder starts inside a text that holds several (merged with a blank line) or
+#: follows a denial text.
+_REMINDER_START = re.compile(r"\n\n(?=\[loopguard\])")
+
+
+def split_reminders(text: str) -> list[str]:
+    """The reminders of one inserted or appended text (several for one step are merged)."""
+    return [t for t in _REMINDER_START.split(text) if t]
+
+
 def diff_request(
     sent: Sequence[dict[str, Any]],
     arrived: Sequence[dict[str, Any]],
@@ -273,34 +331,55 @@ def diff_request(
     per_message: list[list[int]],
 ) -> list[tuple[str, int]]:
     """(kind, call) for every change between ``sent`` and ``arrived`` (message lists)."""
-    out: list[tuple[str, int]] = []
+    return [(c.kind, c.call) for c in request_changes(sent, arrived, by_id, per_message)]
+
+
+def request_changes(
+    sent: Sequence[dict[str, Any]],
+    arrived: Sequence[dict[str, Any]],
+    by_id: dict[str, int],
+    per_message: list[list[int]],
+) -> list[Change]:
+    """Every change between ``sent`` and ``arrived`` (message lists), in order, with the call each
+    counts at (the strict reading of the module docstring)."""
+    out: list[Change] = []
     last_call = 0  # the last call whose result precedes the current position
     legacy = 0
     j = 0
     for k, m in enumerate(sent):
-        while j < len(arrived) and arrived[j] != m and not _same_tool_message(arrived[j], m):
-            out.append(("remind", last_call))  # a message the agent did not send
+        while j < len(arrived) and arrived[j] != m and not _same_message(arrived[j], m):
+            out.append(Change("remind", last_call, k, _text(arrived[j].get("content"))))  # not sent
             j += 1
         if j >= len(arrived):
             break
         a = arrived[j]
         j += 1
+        role = m.get("role")
+        own: int | None = None  # the call whose result ``m`` is
+        if role == "tool":
+            own = by_id.get(str(m.get("tool_call_id")))
+        elif role == "function" and legacy:
+            own = legacy
+        step = next((nums for nums in per_message if own in nums), [own]) if own is not None else []
         if a != m:
-            call = by_id.get(str(m.get("tool_call_id")), last_call)
             before, after = _text(m.get("content")), _text(a.get("content"))
-            out.append(("remind" if after.startswith(before) and after != before else "withhold", call))
-        if m.get("role") == "assistant" and per_message[k] and not m.get("tool_calls"):
+            at = step[-1] if step else last_call  # a reminder after a step: its last call
+            if after.startswith(before) and after != before:
+                out.append(Change("remind", at, k + 1, after[len(before) :].lstrip("\n")))
+            else:
+                out.append(Change("withhold", own if own is not None else last_call, k + 1, after))
+                parts = _REMINDER_START.split(after, maxsplit=1)
+                if len(parts) == 2:  # a reminder appended to the denial
+                    out.append(Change("remind", at, k + 1, parts[1]))
+        if role == "assistant" and per_message[k] and not m.get("tool_calls"):
             legacy = per_message[k][0]  # a function_call: its result is the next function message
-        if m.get("role") == "function" and legacy:
+        if role == "function" and legacy:
             last_call = max(last_call, legacy)
-        if m.get("role") in ("tool", "function"):
-            call = by_id.get(str(m.get("tool_call_id")))
-            if call is not None:
-                # a reminder after a step's results concerns the last call of that step
-                step = next((nums for nums in per_message if call in nums), [call])
-                last_call = max(last_call, step[-1] if _last_result_of_step(sent, k, by_id, step) else call)
+        if role == "tool" and own is not None:
+            # a reminder after a step's results counts at the last call of that step
+            last_call = max(last_call, step[-1] if _last_result_of_step(sent, k, by_id, step) else own)
     while j < len(arrived):
-        out.append(("remind", last_call))
+        out.append(Change("remind", last_call, len(sent), _text(arrived[j].get("content"))))
         j += 1
     return out
 
@@ -314,12 +393,17 @@ def _last_result_of_step(
     return by_id.get(str(nxt.get("tool_call_id"))) not in step
 
 
-def _same_tool_message(a: dict[str, Any], m: dict[str, Any]) -> bool:
-    return (
-        a.get("role") == m.get("role") == "tool"
-        and a.get("tool_call_id") == m.get("tool_call_id")
-        and {k: v for k, v in a.items() if k != "content"} == {k: v for k, v in m.items() if k != "content"}
-    )
+def _same_message(a: dict[str, Any], m: dict[str, Any]) -> bool:
+    """``a`` is ``m`` with another content: the same tool result (denied, or with a text appended),
+    or another message with a text appended (never an inserted message)."""
+    if a.get("role") != m.get("role"):
+        return False
+    if {k: v for k, v in a.items() if k != "content"} != {k: v for k, v in m.items() if k != "content"}:
+        return False
+    if m.get("role") == "tool":
+        return a.get("tool_call_id") == m.get("tool_call_id")
+    before = _text(m.get("content"))
+    return bool(before) and _text(a.get("content")).startswith(before)
 
 
 def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
@@ -349,38 +433,6 @@ def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
             if isinstance(delta.get("function_call"), dict):  # legacy: one call
                 calls.setdefault(0, None)
     return [calls[i] for i in sorted(calls)], "".join(text)
-
-
-async def _concerned_call(post: Any, messages: list[dict[str, Any]], last: int, tools: Any) -> int:
-    """The call a reminder after the step ending with call ``last`` concerns: for a step of several
-    calls, the first call whose presence (the step cut after it, with those calls' results) brings
-    a reminder after the step; ``last`` when only the whole step does (or the step has one call)."""
-    _, per_message = call_numbers(messages)
-    s = next((k for k, nums in enumerate(per_message) if last in nums), None)
-    if s is None or len(per_message[s]) < 2 or not messages[s].get("tool_calls"):
-        return last
-    nums = per_message[s]
-    step = messages[s]
-    for j in range(1, len(nums)):
-        kept = step["tool_calls"][:j]
-        ids = {tc.get("id") for tc in kept}
-        results = [m for m in messages[s + 1 :] if m.get("role") == "tool" and m.get("tool_call_id") in ids]
-        history = [*messages[:s], {**step, "tool_calls": kept}, *results]
-        body: dict[str, Any] = {"model": "corpus-model", "messages": history, "stream": False}
-        if tools:
-            body["tools"] = tools
-        model_received = await _received_for(post, body)
-        p_ids, p_per_message = call_numbers(history)
-        if ("remind", nums[j - 1]) in diff_request(history, model_received, p_ids, p_per_message):
-            return nums[j - 1]
-    return last
-
-
-async def _received_for(post: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The messages that reached the upstream for ``body`` (answered with plain text)."""
-    received: list[dict[str, Any]] = []
-    await post(body, FINAL_ANSWER, received)
-    return received
 
 
 # --- the replay -----------------------------------------------------------------------------------
@@ -415,13 +467,14 @@ async def replay(
     fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False
 ) -> Replay:
     """Replay ``fixture`` through a fresh proxy with ``config`` (a dict; None = the shipped default
-    file). Returns every distinct observation."""
+    file). Returns every distinct observation and reminder text."""
     cfg = build(Config, default_config() if config is None else config)
     messages: list[dict[str, Any]] = fixture["messages"]
     tools = fixture.get("tools")
     by_id, per_message = call_numbers(messages)
     result = Replay(fixture, stream)
     seen: set[tuple[str, int]] = set()
+    seen_texts: set[tuple[int, str]] = set()
     async with FakeModel() as model:
         cfg = dataclasses.replace(
             cfg,
@@ -440,11 +493,8 @@ async def replay(
                 answers.append((len(messages), FINAL_ANSWER))
                 per_message.append([])
 
-                async def post(
-                    body: dict[str, Any], answer: dict[str, Any], received: list[dict[str, Any]] | None = None
-                ) -> bytes:
-                    """Send ``body`` as the agent; the fake model answers ``answer``. The messages
-                    that reached it are appended to ``received``."""
+                async def post(body: dict[str, Any], answer: dict[str, Any]) -> bytes:
+                    """Send ``body`` as the agent; the fake model answers ``answer``."""
                     model.answer = answer
                     model.received.clear()
                     async with session.post(
@@ -452,10 +502,7 @@ async def replay(
                         data=orjson.dumps(body),
                         headers={"Content-Type": "application/json"},
                     ) as resp:
-                        raw = await resp.read()
-                    if received is not None and model.received:
-                        received.extend(model.received[0].get("messages") or [])
-                    return raw
+                        return await resp.read()
 
                 for i, msg in answers:
                     body: dict[str, Any] = {
@@ -468,12 +515,13 @@ async def replay(
                     raw = await post(body, msg)
                     result.requests += 1
                     found: list[tuple[str, int, str]] = []
+                    texts: list[tuple[str, int, int]] = []  # (reminder text, call, upto)
                     if model.received:
                         arrived = model.received[0].get("messages") or []
-                        found += [
-                            (k, c, "request")
-                            for k, c in diff_request(messages[:i], arrived, by_id, per_message)
-                        ]
+                        for c in request_changes(messages[:i], arrived, by_id, per_message):
+                            found.append((c.kind, c.call, "request"))
+                            if c.kind == "remind":
+                                texts += [(t, c.call, c.upto) for t in split_reminders(c.text)]
                     ids, text = received_calls(raw, stream)
                     nums = per_message[i]
                     if len(ids) < len(nums):
@@ -483,23 +531,23 @@ async def replay(
                             ("cut", nums[0] if nums else sum(map(len, per_message[:i])) + 1, "response")
                         )
                     new = [f for f in found if (f[0], f[1]) not in seen]
+                    new_texts = [t for t in texts if (t[2], t[0]) not in seen_texts]
                     delta: Counter[tuple[str, str]] = Counter()
-                    if new:
+                    if new or new_texts:
+                        wanted = {f[0] for f in new} | ({"remind"} if new_texts else set())
                         for _ in range(50):  # stats are recorded as the exchange ends
                             now = await _actions(session, proxy_url)
                             delta = now - before
-                            if {k for (_, k) in delta} >= {f[0] for f in new} - {"?"}:
+                            if {k for (_, k) in delta} >= wanted:
                                 break
                             await asyncio.sleep(0.01)
                     before = await _actions(session, proxy_url) if not delta else before + delta
                     for kind, call, side in new:
                         seen.add((kind, call))
-                        at = call
-                        if kind == "remind" and side == "request":
-                            at = await _concerned_call(post, messages, call, tools)
-                        result.observations.append(Observation(kind, at, i, side, _rules_for(kind, delta)))
-                    if any(k == "remind" for k, _, _ in new):
-                        before = await _actions(session, proxy_url)  # the probes acted too
+                        result.observations.append(Observation(kind, call, i, side, _rules_for(kind, delta)))
+                    for t, call, upto in new_texts:
+                        seen_texts.add((upto, t))
+                        result.reminders.append(Reminder(t, call, i, upto, _rules_for("remind", delta)))
         finally:
             await runner.cleanup()
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.corpus import Replay, judge, load_fixtures, replay, table
+from tests.corpus import Replay, Verdict, judge, load_fixtures, replay, table
 
 FIXTURES = load_fixtures()
 
@@ -46,16 +46,26 @@ def _fixture(steps: list[list[tuple[str, str, str]]], kind: str = "loop") -> dic
     return {"id": "X1", "kind": kind, "messages": messages, "expect": {"intervene_by_call": 3}}
 
 
+#: The harness tests pin every number they depend on, so that changes to the shipped defaults
+#: cannot move their expectations: two guards (the seeds' rules), the stop and the runaway limits.
 SEED = {
     "guards": {
-        "repeat_reminder": {"progress_aware": False},
-        "circuit_breaker": {"progress_aware": False},
+        "repeat_reminder": {"progress_aware": False, "thresholds": [3, 5, 8]},
+        "circuit_breaker": {"progress_aware": False, "duplicate_limit": 6},
         **{
             g: {"enabled": False}
-            for g in ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")
+            for g in ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop", "turn_guard")
         },
-    }
+    },
+    "stop": {"after_ignored_denials": 2},
+    "response": {"max_calls_per_response": 32, "max_identical_per_response": 4},
 }
+
+
+def _with(config: dict[str, object], guard: str, **settings: object) -> dict[str, object]:
+    guards = dict(config["guards"])  # type: ignore[call-overload]
+    guards[guard] = {**guards[guard], **settings}
+    return {**config, "guards": guards}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -78,13 +88,53 @@ async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool) -> 
     ]
 
 
-async def test_harness_finds_the_call_a_reminder_concerns_inside_one_step() -> None:
-    """Six identical parallel calls in one message: the reminder after the step concerns call 3
-    (the step cut after call 3 already brings it), and a runaway cut drops call 5 on."""
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(stream: bool) -> None:
+    """Six identical parallel calls in one message: the runaway cut drops call 5 on (the first call
+    the agent did not get); the reminders after the step (gentle at 3, detailed at 5) count at call
+    6, the step's last call: the agent ran all six before the model read them."""
     fx = _fixture([[("read_file", '{"path": "a"}', "same")] * 6])
-    r = await replay(fx, SEED, False)
-    assert sorted((o.call, o.kind) for o in r.observations)[:2] == [(3, "remind"), (5, "cut")]
-    assert judge(r).ok
+    r = await replay(fx, SEED, stream)
+    assert [(o.call, o.kind, o.message, o.side, o.rules) for o in r.observations] == [
+        (5, "cut", 1, "response", ("runaway",)),
+        (6, "remind", 8, "request", ("repeat_reminder",)),
+    ]
+    assert [(m.call, m.upto, m.text.split(".")[0]) for m in r.reminders] == [
+        (6, 8, "[loopguard] You have made the same tool call several times in a row"),
+        (6, 8, "[loopguard] You are repeating the same tool call without making progress"),
+    ]
+    assert judge(r) == Verdict(False, "by call 3", "late (call 5)")
+    in_time = Replay({**fx, "expect": {"intervene_by_call": 5}}, stream, r.observations)
+    assert judge(in_time) == Verdict(True, "by call 5", "ok")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_their_own(stream: bool) -> None:
+    """``tool_suffix`` delivery, steps of two calls (read_file, then ls, untracked and exempt) whose
+    results come back in reverse order, so the step's last result is read_file's: a reminder
+    appended to it counts at the step's last call (ls), a withhold at read_file's own call; the
+    reminder appended to a denial text is a reminder too."""
+    config = _with(SEED, "repeat_reminder", inject_as="tool_suffix", exclude=["ls"])
+    config = _with(config, "circuit_breaker", exempt=["ls"])
+    fx = _fixture([[("read_file", '{"path": "a"}', "same"), ("ls", "{}", "x")]] * 8)
+    messages = fx["messages"]
+    for k, m in enumerate(list(messages)):
+        if m["role"] == "assistant":  # type: ignore[index]
+            messages[k + 1], messages[k + 2] = messages[k + 2], messages[k + 1]  # type: ignore[index]
+    r = await replay(fx, config, stream)
+    assert [(o.call, o.kind, o.rules) for o in r.observations] == [
+        (6, "remind", ("repeat_reminder",)),  # read_file's 3rd call is call 5
+        (10, "remind", ("repeat_reminder",)),  # its 5th is call 9
+        (13, "withhold", ("circuit_breaker",)),  # its 7th
+        (15, "withhold", ("circuit_breaker",)),  # its 8th ...
+        (16, "remind", ("repeat_reminder",)),  # ... and the reminder appended to that denial
+    ]
+    # history before each reminder: up to the result it was appended to (read_file's, listed last)
+    assert [(m.call, m.upto, m.message) for m in r.reminders] == [(6, 10, 10), (10, 16, 16), (16, 25, 25)]
+    assert [m.text.split("\n")[0] for m in r.reminders][1:] == [
+        "[loopguard] You are repeating the same tool call without making progress."
+    ] * 2
+    assert "- consecutive_calls: 8" in r.reminders[2].text
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
