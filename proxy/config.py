@@ -211,9 +211,21 @@ class TurnGuardConfig:
 
 #: Result texts that say the user rejected a call (``guards.repeated_failure.rejection_patterns``).
 DEFAULT_REJECTION_PATTERNS: tuple[str, ...] = (
-    r"(?i)\buser (?:has )?(?:rejected|denied|declined)\b",
-    r"(?i)\b(?:rejected|denied|declined) by the user\b",
-    r"(?i)\buser doesn't want to proceed\b",
+    # "User declined", "The user rejected this tool call", "user denied the request", opencode's
+    # "The user rejected permission to use this specific tool call", Cline's "The user denied
+    # this operation" (not "user.rejected = True": a space after "user")
+    r"(?i)\buser (?:has |had )?(?:rejected|denied|declined|refused)\b",
+    # "Permission denied by user", "Command rejected by user", Codex's "exec command rejected by
+    # user" (not a shell's bare "Permission denied")
+    r"(?i)\b(?:rejected|denied|declined|refused) by (?:the )?user\b",
+    # "the user did not approve this command", "The user doesn't want to proceed with this tool
+    # use", Claude Code's "The user doesn't want to take this action right now. STOP …"
+    r"(?i)\buser (?:doesn['\u2019]t|does not|didn['\u2019]t|did not|hasn['\u2019]t|has not) "
+    r"(?:want|approved?|allow(?:ed)?|permit(?:ted)?|consent(?:ed)?)\b",
+    # "The user chose not to run this"
+    r"(?i)\buser (?:chose|has chosen|decided|has decided) not to\b",
+    # "Tool use was rejected", "tool call denied"
+    r"(?i)\btool (?:use|call) (?:was |has been )?(?:rejected|denied|declined)\b",
 )
 
 

@@ -4,29 +4,38 @@ The rule, in order:
 
 1. **The protocol's error flag** decides when the dialect has one (``ToolResult.is_error`` is not
    None): True is a failure, False is a success, whatever the text says.
-2. **A JSON object with a top-level ``"error"``**: the whole result parses as a JSON object whose
+2. **An explicit exit status at the edge of the result** decides when there is one: a line of
+   the result's *edges* (below) that is a harness's status line, one of
+   :data:`EXIT_STATUS_PATTERNS` (mini-swe-agent's ``<returncode>1</returncode>``,
+   ``<exit_code>1</exit_code>``, ``Exit code: 1``, ``[Command finished with exit code 1]``,
+   ``Process exited with code 127``, ``exit status 1``). Any non-zero status is a failure; when
+   every status found is 0 the result is a **success**, even if the output prints an error or a
+   traceback (``grep -n Error x.py`` hits, a script that catches and prints an exception). A
+   status line in the middle of a long output is not at the edges: the later steps decide.
+3. **A JSON object with a top-level ``"error"``**: the whole result parses as a JSON object whose
    ``"error"`` member is not null, false, 0, ``""``, ``[]`` or ``{}`` (``{"error": "not found"}``,
    a JSON-RPC error object). An ``"error"`` nested deeper, or ``"error": null``, is not a failure.
    Results over :data:`JSON_MAX_CHARS` characters skip this step.
-3. **A failure pattern matches at the edge of the result.** Each pattern is a Python regular
+4. **A failure pattern matches at the edge of the result.** Each pattern is a Python regular
    expression, compiled with ``re.MULTILINE`` (so ``^`` and ``$`` anchor at every line),
    case-sensitive unless it says ``(?i)``. Patterns are searched in the result's *edges* only: its
    first :data:`EDGE_LINES` lines and its last :data:`EDGE_LINES` lines (trailing whitespace of
    the result ignored; at most :data:`EDGE_CHARS` characters at each end). Tools announce failure
-   at the top (``Error: …``, ``bash: x: command not found``, ``Exit code: 1``, ``Traceback …``)
-   or at the bottom (``[Command finished with exit code 1]``, ``NameError: …``); the middle of a
-   long output is file content or program output, not the tool's verdict. This also keeps the
-   cost flat: the 300 results of a 5 MB history are classified in about 2 ms.
+   at the top (``Error: …``, ``bash: x: command not found``, SWE-agent's ``Your proposed edit has
+   introduced new syntax error(s)``, ``Traceback …``) or at the bottom (``NameError: …``); the
+   middle of a long output is file content or program output, not the tool's verdict. This also
+   keeps the cost flat: the 300 results of a 5 MB history are classified in about 2 ms.
 
-Every default pattern is anchored at the start of a line, and the ones with a ``program: ``
-prefix require the program name to have no colon and to be followed by exactly one space and a
-non-space. So a grep hit (``src/errors.py:10: class ErrorHandler``, ``app.py:3:  raise
-Error("x")``) and file contents that merely *mention* errors (indented code, prose such as
-``returns exit code 2 on bad input`` in the middle of a README) are not failures.
+Every default pattern (and every exit-status pattern) is anchored at the start of a line, and the
+ones with a ``program: `` prefix require the program name to have no colon and to be followed by
+exactly one space and a non-space. So a grep hit (``src/errors.py:10: class ErrorHandler``,
+``app.py:3:  raise Error("x")``) and file contents that merely *mention* errors (indented code,
+prose such as ``returns exit code 2 on bad input`` in the middle of a README) are not failures.
 
 Known limits, by design: a file whose first or last lines *are* an error message (a saved crash
 log, a log file whose lines start with ``ERROR``) counts as a failure; a failure reported only in
-the middle of a long output does not.
+the middle of a long output does not; a status of 0 from a pipeline (``python t.py | tail``) is
+the status of its last command, so a traceback piped through ``tail`` is a success.
 
 Pure; never raises on any input.
 """
@@ -45,12 +54,28 @@ from proxy.transcript import ToolResult
 EDGE_LINES = 5
 #: At most this many characters at each end of a result are searched.
 EDGE_CHARS = 2000
-#: Results longer than this are not parsed as JSON (step 2).
+#: Results longer than this are not parsed as JSON (step 3).
 JSON_MAX_CHARS = 1_000_000
 _TRAILING = 256  # trailing whitespace ignored is looked for in this many last characters
 _BACKREF = re.compile(r"\\[1-9]|\(\?P=")
 
-#: The default failure patterns (``guards.turn_guard.failure_patterns``), one concept each.
+#: Explicit exit-status lines (rule step 2), searched in the result's edges; each has one capture
+#: group, the status. Case-insensitive where the words are; a line that goes on after the number
+#: (prose: "returns exit code 2 on bad input") is not a status line.
+EXIT_STATUS_PATTERNS: tuple[str, ...] = (
+    # mini-swe-agent's <returncode>1</returncode>; <exit_code>1</exit_code>, <exitcode>…
+    r"^<(?:returncode|return_code|exit_?code|exit_status)>[ \t]*(-?\d+)[ \t]*</",
+    # a line ending in a status: "Exit code: 1", "exit code 2", "Process exited with code 127",
+    # "[Command finished with exit code 1]", "[The command completed with exit code 1.]",
+    # "exit status 1", "Return code: 0" (at most four words before the phrase)
+    r"^[\[(]?(?:[\w-]+ ){0,4}?(?i:exit(?:ed)? (?:with )?(?:exit )?(?:code|status)|return ?code)[:=]? *"
+    r"(-?\d+)[.)\]]*[ \t\r]*$",
+)
+#: What :meth:`FailureRule.reason` returns for a non-zero exit status (rule step 2).
+EXIT_STATUS = "exit_status"
+
+#: The default failure patterns (``guards.turn_guard.failure_patterns``, rule step 4), one concept
+#: each. Exit codes are step 2's business (:data:`EXIT_STATUS_PATTERNS`), not a pattern's.
 DEFAULT_FAILURE_PATTERNS: tuple[str, ...] = (
     # "Error: …", "ERROR …", "FATAL: …", "Error executing command"; not "Errors: 0", "ERROR_CODES".
     r"^(?:Error|ERROR|Fatal|FATAL)\b",
@@ -62,19 +87,32 @@ DEFAULT_FAILURE_PATTERNS: tuple[str, ...] = (
     r"^Traceback \(most recent call last\)",
     # the last line of an uncaught exception: "NameError: name 'x' is not defined", "AssertionError"
     r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|[ \t\r]*$)",
-    # a line ending in a non-zero exit code: "Exit code: 1", "exit code 2", "Process exited with
-    # code 127", "[Command finished with exit code 1]", "exit status 1"; never "exit code 0", and
-    # not prose that goes on ("returns exit code 2 on bad input")
-    r"^[\[(]?(?:[\w-]+ ){0,4}?(?i:exit(?:ed)? (?:with )?(?:exit )?(?:code|status)|return ?code)[:=]? *"
-    r"(?:-\d+|0*[1-9]\d*)[.)\]]*[ \t\r]*$",
     # "bash: line 1: foo: command not found", "zsh: command not found: foo",
     # "cat: x: No such file or directory", "bash: ./run.sh: Permission denied"
     r"^(?:[^\s:]+: (?=\S).*?)?(?:command not found|No such file or directory|Permission denied)",
     # dash: "sh: 1: foo: not found"
     r"^[^\s:]+: \d+: .*: not found[ \t\r]*$",
+    # an edit rejected by the linter (SWE-agent, OpenHands): "Your proposed edit has introduced new
+    # syntax error(s). Please understand the fixes and retry your edit commmand." (sic), then ERRORS:
+    r"^\[?Your proposed edit has introduced new syntax error",
+    # a string replacement that found nothing to replace (str_replace_editor of SWE-agent,
+    # OpenHands, Anthropic's text editor): "No replacement was performed, old_str `x` did not appear…"
+    r"^No replacement was performed\b",
+    # SWE-agent's interface commands called wrongly: a bare signature "Usage: search_file
+    # <search_term> [<file>]" (not --help output such as "Usage: cli [OPTIONS] COMMAND")
+    r"^Usage: [\w.-]+(?: \[?<\w+>\]?)+(?:\.|[ \t\r]*$)",
+    # SWE-agent's open / find_file / search_dir on a missing path: "File x.py not found",
+    # "Directory forms not found"
+    r"^(?:File|Directory) \S.* not found[ \t\r]*$",
+    # SWE-agent's commands that need an open file, and its searches with too many hits to show:
+    # "No file open. Use the open command first.", "More than 120 files matched for "x" in /r.
+    # Please narrow your search."
+    r"^(?:No file open\. Use the `?open`? command first|More than \d+ (?:files|lines) matched for .*"
+    r"Please narrow your search)",
 )
 
 _JSON_START = re.compile(r"\s*\{")
+_EXIT_STATUS = re.compile("|".join(f"(?:{p})" for p in EXIT_STATUS_PATTERNS), re.MULTILINE)
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
@@ -114,8 +152,22 @@ def edge_text(text: str) -> str:
     return "\n".join(text[a:b] for a, b in edge_spans(text))
 
 
+def exit_status(text: str, spans: Sequence[tuple[int, int]] | None = None) -> int | None:
+    """The explicit exit status at the edges of ``text`` (rule step 2): the first non-zero status
+    line found (first edge first), else 0 when every one found is 0, else None (there is none).
+    ``spans`` are ``text``'s :func:`edge_spans` when the caller has them already."""
+    found: int | None = None
+    for a, b in edge_spans(text) if spans is None else spans:
+        for m in _EXIT_STATUS.finditer(text, a, b):
+            status = int(next(g for g in m.groups() if g is not None))
+            if status:
+                return status
+            found = 0
+    return found
+
+
 def json_error(text: str) -> bool:
-    """True when ``text`` is a JSON object with a meaningful top-level ``"error"`` (rule step 2)."""
+    """True when ``text`` is a JSON object with a meaningful top-level ``"error"`` (rule step 3)."""
     if len(text) > JSON_MAX_CHARS or not _JSON_START.match(text) or '"error"' not in text:
         return False
     if not text[-64:].rstrip().endswith("}"):
@@ -132,7 +184,8 @@ def json_error(text: str) -> bool:
 
 class FailureRule:
     """Classifies tool results: ``FailureRule()(result)`` is True (failure), False (success) or
-    None (no result yet). ``patterns`` replace :data:`DEFAULT_FAILURE_PATTERNS`."""
+    None (no result yet), by the module's rule steps 1 to 4. ``patterns`` replace
+    :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 are not patterns and always apply."""
 
     __slots__ = ("_any", "_compiled", "_memo", "patterns")
 
@@ -153,7 +206,7 @@ class FailureRule:
                 self._any = None
 
     def failed_text(self, text: str) -> bool:
-        """True when ``text`` is a failure by rule steps 2 and 3 (as :meth:`reason`, faster;
+        """True when ``text`` is a failure by rule steps 2 to 4 (as :meth:`reason`, faster;
         memoized for texts up to :attr:`MEMO_MAX_CHARS`)."""
         if len(text) > self.MEMO_MAX_CHARS:
             return self._failed_text(text)
@@ -168,18 +221,26 @@ class FailureRule:
         return verdict
 
     def _failed_text(self, text: str) -> bool:
+        spans = edge_spans(text)
+        status = exit_status(text, spans)
+        if status is not None:  # step 2: an explicit status decides
+            return status != 0
         if json_error(text):
             return True
         if self._any is not None:
-            return any(self._any.search(text, a, b) is not None for a, b in edge_spans(text))
+            return any(self._any.search(text, a, b) is not None for a, b in spans)
         return self.reason(text) is not None
 
     def reason(self, text: str) -> str | None:
-        """Why ``text`` is a failure: ``"json"``, or the first pattern that matched; None when it
-        is not one (rule steps 2 and 3; the flag is :meth:`__call__`'s business)."""
+        """Why ``text`` is a failure: :data:`EXIT_STATUS` (``"exit_status"``, a non-zero exit
+        status), ``"json"``, or the first pattern that matched; None when it is not one (rule
+        steps 2 to 4; the flag is :meth:`__call__`'s business)."""
+        spans = edge_spans(text)
+        status = exit_status(text, spans)
+        if status is not None:
+            return EXIT_STATUS if status else None
         if json_error(text):
             return "json"
-        spans = edge_spans(text)
         for pattern, compiled in zip(self.patterns, self._compiled, strict=True):
             if any(compiled.search(text, a, b) is not None for a, b in spans):
                 return pattern

@@ -1,25 +1,67 @@
-"""Failure classification of tool results (proxy.failures, issue 4): the default patterns on both
-sides of the line, the JSON rule, the protocol flag, edge-only matching, custom patterns."""
+"""Failure classification of tool results (proxy.failures, issues 4 and 10): the default patterns on
+both sides of the line, the explicit exit status and its precedence, the JSON rule, the protocol
+flag, edge-only matching, custom patterns, the default user-rejection patterns, and pinned counts
+on recorded agent runs (read from ../shared/fixtures/realtraj or $LOOPGUARD_REALTRAJ)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from proxy.config import RepeatedFailureConfig
 from proxy.failures import (
     DEFAULT_FAILURE_PATTERNS,
     EDGE_CHARS,
+    EXIT_STATUS,
+    EXIT_STATUS_PATTERNS,
     FailureRule,
     compile_pattern,
     edge_spans,
     edge_text,
+    exit_status,
 )
+from proxy.guards.repeated_failure import RepeatedFailure
 from proxy.transcript import ToolResult
 
 RULE = FailureRule()
-P_ERROR, P_LOWER, P_TOOLS, P_WRAPPER, P_TRACEBACK, P_EXCEPTION, P_EXIT, P_SHELL, P_DASH = (
-    DEFAULT_FAILURE_PATTERNS
+(
+    P_ERROR,
+    P_LOWER,
+    P_TOOLS,
+    P_WRAPPER,
+    P_TRACEBACK,
+    P_EXCEPTION,
+    P_SHELL,
+    P_DASH,
+    P_LINT,
+    P_NO_REPLACEMENT,
+    P_USAGE,
+    P_NOT_FOUND,
+    P_SWE_REFUSED,
+) = DEFAULT_FAILURE_PATTERNS
+P_EXIT = EXIT_STATUS  # an exit status is rule step 2, not a pattern
+
+# SWE-agent's footer after every observation
+SWE_FOOTER = "\n\n(Open file: /repo/app/models.py)\n(Current directory: /repo)\nbash-$"
+SWE_LINT_REJECTION = (
+    "Your proposed edit has introduced new syntax error(s). Please understand the fixes and retry "
+    "your edit commmand.\n\nERRORS:\n- E999 IndentationError: unexpected indent\n\n"
+    "This is how your edit would have looked if applied\n"
+    "-------------------------------------------------\n[File: /repo/app/models.py (40 lines total)]\n"
+    + "\n".join(f"{i}:    value = {i}" for i in range(10, 22))
+    + "\n-------------------------------------------------\n\n"
+    "This is the original code before your edit\n-------------------------------------------------\n"
+    + "\n".join(f"{i}:    value = {i}" for i in range(10, 22))
+    + "\n-------------------------------------------------\n"
+    "Your changes have NOT been applied. Please fix your edit command and try again.\n"
+    "You either need to 1) Specify the correct start/end line arguments or 2) Correct your edit code.\n"
+    "DO NOT re-run the same failed edit command. Running it again will lead to the same error." + SWE_FOOTER
 )
 
 TRACEBACK = (
@@ -60,6 +102,24 @@ FAILURES = [
     ("prints_then_traceback_last_line", PRINTS_THEN_TRACEBACK, P_EXCEPTION),
     ("bare_assertion_error_last_line", "collected 3 items\nrunning checks\nAssertionError", P_EXCEPTION),
     ("issue_exit_code_2", "exit code 2", P_EXIT),
+    ("mini_swe_agent_returncode_1_empty_output", "<returncode>1</returncode>\n<output>\n</output>", P_EXIT),
+    (
+        "mini_swe_agent_returncode_1_clean_output",
+        "<returncode>1</returncode>\n<output>\n=== Understanding ForeignKey structure ===\n</output>",
+        P_EXIT,
+    ),
+    (
+        "mini_swe_agent_timeout_returncode_minus_1",
+        "<exception>An error occurred while executing the command: Command 'bash -c pytest' timed "
+        "out after 60 seconds</exception>\n<returncode>-1</returncode>\n<output>\n</output>",
+        P_EXIT,
+    ),
+    ("exit_code_tag", "<exit_code>2</exit_code>\nusage: tool [-h] file", P_EXIT),
+    (
+        "echoed_status_of_the_real_command_wins_over_the_wrapper_0",
+        "<returncode>0</returncode>\n<output>\nrunning checks\nexit code: 1\n</output>",
+        P_EXIT,
+    ),
     ("issue_exit_code_colon_1", "Exit code: 1", P_EXIT),
     ("issue_exited_with_code_127", "exited with code 127", P_EXIT),
     (
@@ -97,6 +157,54 @@ FAILURES = [
         P_SHELL,
     ),
     ("script_permission_denied", "bash: ./deploy.sh: Permission denied", P_SHELL),
+    ("swe_agent_lint_rejection", SWE_LINT_REJECTION, P_LINT),
+    (
+        "swe_agent_lint_rejection_undefined_name",
+        "Your proposed edit has introduced new syntax error(s). Please read this error message "
+        "carefully and then retry editing the file.\n\nERRORS:\n- F821 undefined name 'test_reproduce'"
+        + SWE_FOOTER,
+        P_LINT,
+    ),
+    (
+        "openhands_lint_rejection",
+        "[Your proposed edit has introduced new syntax error(s). Please understand the errors and "
+        "retry your edit command.]\nERRORS:\n/workspace/app.py:1:3: E999 IndentationError: "
+        "unexpected indent",
+        P_LINT,
+    ),
+    (
+        "str_replace_not_found",
+        "No replacement was performed, old_str `def emit(self, text):` did not appear verbatim in "
+        "/repo/app/log.py.",
+        P_NO_REPLACEMENT,
+    ),
+    (
+        "str_replace_not_unique",
+        "No replacement was performed. Multiple occurrences of old_str `x = 1` in lines [3, 9]. "
+        "Please ensure it is unique",
+        P_NO_REPLACEMENT,
+    ),
+    ("swe_agent_usage", "Usage: search_file <search_term> [<file>]" + SWE_FOOTER, P_USAGE),
+    ("swe_agent_usage_find_file", "Usage: find_file <file_name> [<dir>]" + SWE_FOOTER, P_USAGE),
+    (
+        "swe_agent_usage_open_literal_backslash_n",
+        "Usage: open <file> [<line_number>].\\nNOTE: Files must be in /repo. Relative paths preferred.",
+        P_USAGE,
+    ),
+    (
+        "swe_agent_usage_then_error_line",
+        "Usage: search_file <search_term> [<file>]\n"
+        "Error: File name models.py not found. Please provide a valid file name." + SWE_FOOTER,
+        P_ERROR,
+    ),
+    ("swe_agent_open_missing_file", "File pycode.py not found" + SWE_FOOTER, P_NOT_FOUND),
+    ("swe_agent_missing_directory", "Directory forms not found" + SWE_FOOTER, P_NOT_FOUND),
+    ("swe_agent_no_file_open", "No file open. Use the `open` command first." + SWE_FOOTER, P_SWE_REFUSED),
+    (
+        "swe_agent_too_many_hits",
+        'More than 139 files matched for "import" in /repo. Please narrow your search.' + SWE_FOOTER,
+        P_SWE_REFUSED,
+    ),
     (
         "ssh_permission_denied",
         "Cloning into 'app'...\ngit@github.com: Permission denied (publickey).",
@@ -138,6 +246,22 @@ SUCCESSES = [
         "============================== 12 passed in 0.31s ==============================",
     ),
     ("issue_exit_code_0", "exit code 0"),
+    (
+        "mini_swe_agent_returncode_0_around_grep_hits",
+        "<returncode>0</returncode>\n<output>\nError: config not found\nERROR: could not connect\n"
+        "Traceback (most recent call last):\n</output>",
+    ),
+    (
+        "mini_swe_agent_returncode_0_script_prints_caught_exception",
+        "<returncode>0</returncode>\n<output>\n" + TRACEBACK + "\nException caught: name 'main' is "
+        "not defined\n</output>",
+    ),
+    (
+        "codex_exit_0_with_error_output",
+        "Exit code: 0\nWall time: 0.2 seconds\nOutput:\nError: no such table: app_user",
+    ),
+    ("footer_exit_0_after_traceback", TRACEBACK + "\n[Command finished with exit code 0]"),
+    ("process_exited_0", "KeyError: 'x'\nProcess exited with code 0"),
     ("codex_exit_0", "Exit code: 0\nWall time: 1.2 seconds\nOutput:\nok"),
     ("footer_exit_0", "done\n[Command finished with exit code 0]"),
     ("json_error_null", '{"error": null, "result": {"rows": 3}}'),
@@ -159,6 +283,29 @@ SUCCESSES = [
     ),
     ("permission_check_passed", "Permission check passed for /srv/data"),
     ("no_errors_found", "No errors found.\n0 errors, 0 warnings\nErrors: 0"),
+    (
+        "click_help_output",
+        "Usage: cli [OPTIONS] COMMAND [ARGS]...\n\nOptions:\n  --help  Show this message and exit.",
+    ),
+    (
+        "argparse_help_output",
+        "usage: manage.py [-h] [--version] subcommand\n\npositional arguments:\n  subcommand",
+    ),
+    ("usage_prose", "Usage: run the script with <file> as its argument."),
+    ("swe_agent_search_found_nothing", 'No matches found for "ErrorList" in /repo/forms.py' + SWE_FOOTER),
+    (
+        "swe_agent_edit_applied",
+        "[File: /repo/app/models.py (40 lines total)]\n(10 more lines above)\n"
+        + "\n".join(f"{i}:    value = {i}" for i in range(11, 20))
+        + "\nFile updated. Please review the changes and make sure they are correct (correct "
+        "indentation, no duplicate lines, etc). Edit the file again if necessary." + SWE_FOOTER,
+    ),
+    (
+        "code_mentioning_editor_messages",
+        '    msg = "No replacement was performed"\n    raise FileNotFoundError("File x not found")\n'
+        "    # Your proposed edit has introduced new syntax error(s)",
+    ),
+    ("log_line_mentioning_file_not_found", "config: File settings.yaml not found, using defaults"),
     ("empty_result", ""),
 ]
 
@@ -178,7 +325,7 @@ def test_default_rule_does_not_flag(text: str) -> None:
 def test_table_is_big_enough_on_both_sides() -> None:
     assert len(FAILURES) >= 20 and len(SUCCESSES) >= 20
     flagged = {r[2] for r in FAILURES}
-    assert flagged == {*DEFAULT_FAILURE_PATTERNS, "json"}  # every default pattern is pinned
+    assert flagged == {*DEFAULT_FAILURE_PATTERNS, "json", EXIT_STATUS}  # every default pattern is pinned
 
 
 @pytest.mark.parametrize(
@@ -263,3 +410,215 @@ def test_memoized_verdicts_equal_fresh_ones_and_the_memo_stays_bounded() -> None
         rule.failed_text(f"line {i}")
     assert len(rule._memo) == FailureRule.MEMO_ENTRIES
     assert rule.failed_text("Error: boom") is True  # evicted, recomputed the same
+
+
+# --- rule step 2: an explicit exit status at the edges decides ------------------------------
+
+LONG_OUTPUT = [f"collected item {i}" for i in range(20)]
+
+
+@pytest.mark.parametrize(
+    ("text", "failed"),
+    [
+        ("<returncode>0</returncode>\n<output>\n" + TRACEBACK + "\n</output>", False),
+        ("<returncode>1</returncode>\n<output>\nall 12 checks passed\n</output>", True),
+        ("Exit code: 0\nWall time: 0.1 seconds\nOutput:\n" + PRINTS_THEN_TRACEBACK, False),
+        ("all 12 checks passed\n[Command finished with exit code 1]", True),
+        # a status line in the middle of a long output is not at the edges: the patterns decide
+        ("\n".join([*LONG_OUTPUT[:8], "Exit code: 1", *LONG_OUTPUT[8:]]), False),
+        ("\n".join(["Error: boom", *LONG_OUTPUT[:8], "Exit code: 0", *LONG_OUTPUT[8:]]), True),
+        # any non-zero status at the edges wins over a 0
+        ("<returncode>0</returncode>\n<output>\nok\nexit status 2\n</output>", True),
+        ("exit code 0\nsome output\nexit code 0", False),
+    ],
+    ids=[
+        "returncode_0_with_traceback_inside_is_success",
+        "returncode_1_with_clean_output_is_failure",
+        "codex_exit_0_with_traceback_is_success",
+        "footer_exit_1_with_clean_output_is_failure",
+        "status_1_in_the_middle_patterns_decide_clean",
+        "status_0_in_the_middle_patterns_decide_error",
+        "non_zero_status_wins_over_zero",
+        "only_zero_statuses_is_success",
+    ],
+)
+def test_explicit_exit_status_decides_before_the_patterns(text: str, failed: bool) -> None:
+    assert RULE(ToolResult(1, text)) is failed
+    assert RULE.failed_text(text) is failed
+    assert (RULE.reason(text) is not None) is failed
+
+
+@pytest.mark.parametrize(
+    ("is_error", "text", "expected"),
+    [(False, "<returncode>1</returncode>\n<output>\n</output>", False), (True, "Exit code: 0\nok", True)],
+    ids=["flag_false_beats_returncode_1", "flag_true_beats_exit_code_0"],
+)
+def test_protocol_flag_beats_the_exit_status(is_error: bool, text: str, expected: bool) -> None:
+    assert RULE(ToolResult(1, text, is_error)) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "status"),
+    [
+        ("<returncode>0</returncode>\n<output>\nok\n</output>", 0),
+        ("<returncode>127</returncode>\n<output>\nbash: rg: command not found\n</output>", 127),
+        ("<exit_code>3</exit_code>", 3),
+        ("Exit code: 1\nWall time: 0.4 seconds", 1),
+        ("[Command finished with exit code 2]", 2),
+        ("[The command completed with exit code 1.]", 1),
+        ("Process exited with code 127", 127),
+        ("exit status 1", 1),
+        ("Return code: 0", 0),
+        ("ok\nexit code 0\nexit code 4", 4),
+        ("The CLI returns exit code 2 on bad input", None),
+        ("docs/cli.md:3:exit code 2", None),
+        ("    return exit_code(1)", None),
+        ("no status here", None),
+        ("", None),
+    ],
+    ids=[
+        "returncode_0",
+        "returncode_127",
+        "exit_code_tag",
+        "codex_header",
+        "finished_footer",
+        "openhands_footer",
+        "process_exited",
+        "go_exit_status",
+        "return_code_0",
+        "first_non_zero_wins",
+        "prose_that_goes_on",
+        "grep_hit",
+        "indented_code",
+        "none",
+        "empty",
+    ],
+)
+def test_exit_status(text: str, status: int | None) -> None:
+    assert exit_status(text) == status
+
+
+def test_every_exit_status_pattern_has_one_group_for_the_number() -> None:
+    for pattern in EXIT_STATUS_PATTERNS:
+        assert re.compile(pattern).groups == 1, pattern
+        assert compile_pattern(pattern).search("") is None
+
+
+def test_exit_status_applies_with_custom_patterns_too() -> None:
+    rule = FailureRule([r"^Error"])
+    assert rule(ToolResult(1, "<returncode>1</returncode>\n<output>\n</output>")) is True
+    assert rule(ToolResult(1, "<returncode>0</returncode>\n<output>\nError: printed\n</output>")) is False
+    assert FailureRule([])(ToolResult(1, "Exit code: 1")) is True
+
+
+# --- user rejections (DEFAULT_REJECTION_PATTERNS, searched by repeated_failure) ---------------
+
+REJECTED = RepeatedFailure(RepeatedFailureConfig()).rejected
+
+REJECTIONS = [
+    ("did_not_approve", "Error: the user did not approve this command"),
+    ("user_declined", "User declined"),
+    ("doesnt_want_to_proceed", "The user doesn't want to proceed with this tool use."),
+    ("permission_denied_by_user", "Permission denied by user"),
+    ("rejected_this_tool_call", "The user rejected this tool call."),
+    ("tool_use_was_rejected", "Tool use was rejected"),
+    ("user_denied_the_request", "user denied the request"),
+    ("command_rejected_by_user", "Command rejected by user"),
+    ("chose_not_to_run", "The user chose not to run this"),
+    (
+        "claude_code",
+        "The user doesn't want to take this action right now. STOP what you are doing and wait for "
+        "the user to tell you how to proceed.",
+    ),
+    ("codex", "exec command rejected by user"),
+    ("opencode", "The user rejected permission to use this specific tool call"),
+    ("cline", "The user denied this operation."),
+    ("curly_apostrophe", "The user doesn\u2019t want to proceed"),
+    ("rejection_after_long_output", "\n".join(LONG_OUTPUT) + "\nRejected by the user."),
+]
+NOT_REJECTIONS = [
+    ("bash_permission_denied", "bash: ./x: Permission denied"),
+    ("cat_permission_denied", "cat: x: Permission denied"),
+    ("the_user_asked_me", "Note: the user asked me to refactor the parser first."),
+    ("code_user_rejected_attribute", "    if request.ok:\n        user.rejected = True\n        user.save()"),
+    ("user_denied_column", "user_denied_count = 0"),
+    ("rejection_buried_in_the_middle", "\n".join([*LONG_OUTPUT[:8], "User declined", *LONG_OUTPUT[8:]])),
+]
+
+
+@pytest.mark.parametrize("text", [r[1] for r in REJECTIONS], ids=[r[0] for r in REJECTIONS])
+def test_default_rejection_patterns_match_user_rejections(text: str) -> None:
+    assert REJECTED(ToolResult(1, text)) is True
+
+
+@pytest.mark.parametrize("text", [r[1] for r in NOT_REJECTIONS], ids=[r[0] for r in NOT_REJECTIONS])
+def test_default_rejection_patterns_do_not_match_other_results(text: str) -> None:
+    assert REJECTED(ToolResult(1, text)) is False
+
+
+# --- recorded agent runs (third-party data, read in place, never copied) ---------------------
+
+REALTRAJ = Path(
+    os.environ.get("LOOPGUARD_REALTRAJ") or Path(__file__).resolve().parents[2] / "shared/fixtures/realtraj"
+)
+needs_realtraj = pytest.mark.skipif(
+    not (REALTRAJ / "coder-pallets__flask-4992-3-programmer.json").is_file(),
+    reason=f"recorded agent runs not found at {REALTRAJ} (set $LOOPGUARD_REALTRAJ)",
+)
+
+
+def tool_results(path: Path) -> Iterator[tuple[str, str]]:
+    """(tool name, result text) of each tool result of one recorded run."""
+    names: dict[str, str] = {}
+    for message in json.loads(path.read_text())["messages"]:
+        for call in message.get("tool_calls") or ():
+            names[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool":
+            yield names.get(message.get("tool_call_id", ""), "?"), message["content"]
+
+
+@needs_realtraj
+def test_swe_agent_lint_rejected_edits_are_failures_in_a_recorded_run() -> None:
+    edits = [
+        text
+        for name, text in tool_results(REALTRAJ / "coder-pallets__flask-4992-3-programmer.json")
+        if name == "edit"
+    ]
+    verdicts = Counter(RULE.reason(text) for text in edits)
+    assert len(edits) == 38
+    assert verdicts == {P_LINT: 37, None: 1}
+
+
+@needs_realtraj
+def test_returncode_decides_in_a_recorded_mini_swe_agent_run() -> None:
+    results = [text for _, text in tool_results(REALTRAJ / "mini-bench1-django__django-11133.json")]
+    zero = [t for t in results if t.startswith("<returncode>0</returncode>")]
+    one = [t for t in results if t.startswith("<returncode>1</returncode>")]
+    assert (len(results), len(zero), len(one)) == (131, 127, 4)
+    assert [RULE(ToolResult(1, t)) for t in zero] == [False] * 127
+    assert [RULE(ToolResult(1, t)) for t in one] == [True] * 4
+
+
+@needs_realtraj
+def test_verdicts_on_all_recorded_runs() -> None:
+    """Every mini-swe-agent result's verdict is its returncode's; the counts per reason over all
+    recorded runs are pinned (a changed default pattern shows here)."""
+    reasons: Counter[str | None] = Counter()
+    for path in sorted(REALTRAJ.glob("*.json")):
+        for _, text in tool_results(path):
+            reasons[RULE.reason(text)] += 1
+            m = re.search(r"^<returncode>(-?\d+)</returncode>", text, re.MULTILINE)
+            if path.name.startswith("mini-"):
+                assert m is not None, path.name
+                assert RULE.failed_text(text) is (int(m.group(1)) != 0), path.name
+    assert reasons == {
+        None: 2251,
+        EXIT_STATUS: 205,
+        P_LINT: 166,
+        P_TRACEBACK: 33,
+        P_ERROR: 13,
+        P_SHELL: 9,
+        P_NOT_FOUND: 4,
+        P_EXCEPTION: 3,
+        P_USAGE: 1,
+    }
