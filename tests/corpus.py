@@ -130,6 +130,9 @@ class Replay:
     observations: list[Observation] = field(default_factory=list)
     reminders: list[Reminder] = field(default_factory=list)
     requests: int = 0
+    #: ``internal_errors`` of ``GET /loop-guard`` after the replay: the times the proxy failed open
+    #: (a replay with any is no evidence of what the guards would do).
+    internal_errors: int = 0
 
     @property
     def first(self) -> Observation | None:
@@ -548,6 +551,8 @@ async def replay(
                     for t, call, upto in new_texts:
                         seen_texts.add((upto, t))
                         result.reminders.append(Reminder(t, call, i, upto, _rules_for("remind", delta)))
+                async with session.get(f"{proxy_url}/loop-guard") as r:
+                    result.internal_errors = int((await r.json()).get("internal_errors") or 0)
         finally:
             await runner.cleanup()
     return result
