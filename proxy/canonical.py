@@ -3,9 +3,12 @@
 Canonical arguments: parse the arguments JSON string (an empty or absent string means ``{}``;
 arguments sent as a JSON object instead of a string are used as they are); invalid JSON stays the
 raw string and is compared as a string. Top-level keys listed in the guard's ``ignore_args`` are
-dropped. The result is serialized with keys sorted recursively, compact separators, non-ASCII kept
-as is, and floats with integral values written as integers (``1.0 == 1``, as JavaScript's
-``JSON.stringify`` does below 1e21; ``-0.0`` becomes ``0``). Arrays keep their order.
+dropped, but only when the call keeps at least one other argument (issue 10, defect 4): a ``think``
+tool whose one argument is ``thought`` must not make every call look the same. ``keep_sole=False``
+drops them even then (the seed dsh-circuit-breaker did). The result is serialized with keys
+sorted recursively, compact separators, non-ASCII kept as is, and floats with integral values
+written as integers (``1.0 == 1``, as JavaScript's ``JSON.stringify`` does below 1e21; ``-0.0``
+becomes ``0``). Arrays keep their order.
 """
 
 from __future__ import annotations
@@ -60,11 +63,13 @@ CACHE_ENTRIES = 8192
 
 
 @functools.lru_cache(maxsize=CACHE_ENTRIES)
-def _canonical_of_string(raw: str, ignore_args: frozenset[str]) -> str:
-    return _canonical(parse_arguments(raw), raw, ignore_args)
+def _canonical_of_string(raw: str, ignore_args: frozenset[str], keep_sole: bool) -> str:
+    return _canonical(parse_arguments(raw), raw, ignore_args, keep_sole)
 
 
-def canonical_arguments(parsed: Any, raw: Any, ignore_args: Collection[str] = ()) -> str:
+def canonical_arguments(
+    parsed: Any, raw: Any, ignore_args: Collection[str] = (), keep_sole: bool = True
+) -> str:
     """Canonical string of one call's arguments (memoized for short argument strings).
 
     ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
@@ -74,11 +79,11 @@ def canonical_arguments(parsed: Any, raw: Any, ignore_args: Collection[str] = ()
     """
     if isinstance(raw, str) and len(raw) <= CACHE_MAX_CHARS:
         ignore = ignore_args if isinstance(ignore_args, frozenset) else frozenset(ignore_args)
-        return _canonical_of_string(raw, ignore)
-    return _canonical(parsed, raw, ignore_args)
+        return _canonical_of_string(raw, ignore, keep_sole)
+    return _canonical(parsed, raw, ignore_args, keep_sole)
 
 
-def _canonical(parsed: Any, raw: Any, ignore_args: Collection[str]) -> str:
+def _canonical(parsed: Any, raw: Any, ignore_args: Collection[str], keep_sole: bool = True) -> str:
     """Canonical string of one call's arguments.
 
     ``parsed`` comes from :func:`parse_arguments` on ``raw``. Returns a compact, key-sorted JSON
@@ -89,7 +94,9 @@ def _canonical(parsed: Any, raw: Any, ignore_args: Collection[str]) -> str:
     if parsed is INVALID:
         return raw if isinstance(raw, str) else str(raw)
     if ignore_args and isinstance(parsed, dict):
-        parsed = {k: v for k, v in parsed.items() if k not in ignore_args}
+        kept = {k: v for k, v in parsed.items() if k not in ignore_args}
+        if kept or not keep_sole:  # an ignored key that is all the call has distinguishes it
+            parsed = kept
     value = _normalize(parsed)
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

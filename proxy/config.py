@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from proxy.effects import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS, EffectRule
 from proxy.errors import ConfigError
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
 from proxy.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
@@ -131,6 +132,8 @@ class CircuitBreakerConfig:
     incident_log: str = ""
     #: A duplicate counts only when its result equals the previous one's (masked, ``progress.masks``).
     progress_aware: bool = True
+    #: Drop ``ignore_args`` even when they are all a call has (the seed); False keeps them then.
+    ignore_sole_args: bool = False
 
     def check(self, path: str) -> None:
         if self.duplicate_limit < 1:
@@ -348,8 +351,17 @@ class ProgressConfig:
     ``progress_aware``."""
 
     masks: tuple[str, ...] = DEFAULT_MASK_PATTERNS
+    #: What may change state (issue 10, :mod:`proxy.effects`): extra tool-name patterns that only
+    #: read / that always may write, and the programs whose shell runs only read.
+    read_only_tools: tuple[str, ...] = DEFAULT_READ_ONLY_TOOLS
+    state_changing_tools: tuple[str, ...] = ()
+    read_only_commands: tuple[str, ...] = DEFAULT_READ_ONLY_COMMANDS
 
     def check(self, path: str) -> None:
+        for name in ("read_only_tools", "state_changing_tools", "read_only_commands"):
+            for i, value in enumerate(getattr(self, name)):
+                if not value.strip():
+                    raise ConfigError(f"{path}.{name}[{i}]", "must not be empty")
         for i, pattern in enumerate(self.masks):
             if not pattern:
                 raise ConfigError(f"{path}.masks[{i}]", "must not be empty")
@@ -369,6 +381,9 @@ class ProgressConfig:
 
     def compiled(self) -> Masks:
         return compile_masks(self.masks)
+
+    def effects(self) -> EffectRule:
+        return EffectRule(self.read_only_tools, self.state_changing_tools, self.read_only_commands)
 
 
 #: The placeholders a ``stop.message`` template may use.

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from proxy.transcript import ToolResult
 from proxy.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, MASK, Masks, compile_masks, mask
+
+if TYPE_CHECKING:
+    from proxy.effects import Epochs
 
 __all__ = [
     "DEFAULT_MASKS",
@@ -92,7 +96,7 @@ def same_result(a: ToolResult | None, b: ToolResult | None, masks: Masks) -> boo
 
 
 class RepeatJudge:
-    """``judge.repeats(key, result) -> bool`` for calls fed in conversation order.
+    """``judge.repeats(key, result, index) -> bool`` for calls fed in conversation order.
 
     The first call with a key is not a repeat (there is nothing before it). A later one is a repeat
     when its result equals (masked, same error flag) the last known result of a call with that key;
@@ -101,30 +105,38 @@ class RepeatJudge:
     with its key was one, or was the first with that key. :meth:`forget` drops every key (a caller
     that wants comparisons not to cross a user message calls it there).
 
+    With ``epochs`` (:func:`proxy.effects.epochs`, issue 10) a call is a repeat only when, in
+    addition, nothing between the previous call with its key and itself changed the situation
+    (``index`` is the call's ``seq``): the same result after an edit is not evidence of a loop.
+
     Results are compared with :func:`same_result` only when a key comes back, so a conversation
     without repeated calls costs one dict entry per call and no masking at all.
     """
 
-    __slots__ = ("_last", "_masks")
+    __slots__ = ("_epochs", "_last", "_masks")
 
-    def __init__(self, masks: Masks = DEFAULT_MASKS) -> None:
+    def __init__(self, masks: Masks = DEFAULT_MASKS, epochs: Epochs | None = None) -> None:
         self._masks = masks
-        # key -> (last known result or None, verdict of the last call, it was the first)
-        self._last: dict[Hashable, tuple[ToolResult | None, bool, bool]] = {}
+        self._epochs = epochs
+        # key -> (last known result or None, verdict of the last call, it was the first, index)
+        self._last: dict[Hashable, tuple[ToolResult | None, bool, bool, int | None]] = {}
 
-    def repeats(self, key: Hashable, result: ToolResult | None) -> bool:
+    def repeats(self, key: Hashable, result: ToolResult | None, index: int | None = None) -> bool:
         prev = self._last.get(key)
         known = result if _known(result) else None
         if prev is None:
-            self._last[key] = (known, False, True)
+            self._last[key] = (known, False, True, index)
             return False
-        p_result, p_verdict, p_first = prev
+        p_result, p_verdict, p_first, p_index = prev
         if known is None:
             verdict = p_verdict or p_first
-            self._last[key] = (p_result, verdict, False)
+            self._last[key] = (p_result, verdict, False, index)
         else:
             verdict = p_result is None or same_result(p_result, known, self._masks)
-            self._last[key] = (known, verdict, False)
+            self._last[key] = (known, verdict, False, index)
+        if verdict and self._epochs is not None and index is not None and p_index is not None:
+            verdict = self._epochs.unchanged(p_index, index)
+            self._last[key] = (*self._last[key][:1], verdict, False, index)
         return verdict
 
     def forget(self) -> None:

@@ -202,7 +202,7 @@ class StopJudge:
         if self._monologue is None or not text.strip():
             return None
         limit = self._monologue.config.stop_at
-        count = self._monologue.stop_count(self._transcript, text)
+        count = self._monologue.stop_count(self._transcript, text, [c.name for c in calls])
         if not calls:
             count = max(count, self._monologue.answer_run(self._transcript) + 1)
         if count < limit:

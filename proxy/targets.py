@@ -12,6 +12,9 @@ Per-tool overrides (``targets: {my_tool: [arg, …]}``) are keyed by tool-name p
 whole name, case-sensitive, ``*`` the only wildcard). An exact name wins over a wildcard pattern;
 among wildcard patterns the first listed wins. ``my_tool: []`` gives that tool no target.
 
+A tool whose ``command`` argument is its own command line (SWE-agent: ``edit {"command": "edit
+264:265\n…"}``) has the first line of it as target (issue 10: the region edited, not the new text).
+
 A target taken from a ``command`` or ``cmd`` argument is a *command target*; its
 :attr:`Target.words` are the words of the command (split on whitespace and the shell operators
 ``; & | < > ( )`` and backquotes, quotes stripped, a leading ``./`` dropped), so that a rule can
@@ -44,6 +47,9 @@ DEFAULT_TARGET_ARGS = (
 )
 #: Argument names whose value is a shell command (its target is a command target).
 COMMAND_ARGS = frozenset({"command", "cmd"})
+#: Argument names that can hold the subcommand of a multiplexed tool (:func:`subcommand`).
+SUBCOMMAND_ARGS = ("command", "action", "operation", "op", "subcommand", "mode")
+_SUBCOMMAND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 _SPACE = re.compile(r"\s+")
 _WORD_SPLIT = re.compile(r"[\s;&|<>()`]+")
@@ -80,6 +86,27 @@ def command_words(command: str) -> frozenset[str]:
     """The words of a shell command as :func:`path_key` forms: ``cd src && python ./fix.py`` →
     ``{"cd", "src", "python", "fix.py"}``."""
     return frozenset(w for w in (path_key(p) for p in _WORD_SPLIT.split(command)) if w)
+
+
+def subcommand(arguments: Any) -> str | None:
+    """The subcommand of a multiplexed tool (issue 10, defect 6): ``str_replace_editor
+    {"command": "view", "path": "a.py"}`` → ``"view"``. The value of the first of
+    :data:`SUBCOMMAND_ARGS` that is one short lower-case word, in a call that also names what it
+    acts on with another target argument (``path``, ``file``, …; so ``bash {"command": "ls"}`` has
+    none). None otherwise."""
+    if not isinstance(arguments, dict):
+        return None
+    if not any(
+        isinstance(arguments.get(a), str) and arguments[a].strip()
+        for a in DEFAULT_TARGET_ARGS
+        if a not in COMMAND_ARGS
+    ):
+        return None
+    for name in SUBCOMMAND_ARGS:
+        value = arguments.get(name)
+        if isinstance(value, str) and _SUBCOMMAND.match(value):
+            return value
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +156,18 @@ class TargetRule:
             return None
         for name in self.arg_names(tool):
             if name in arguments:
-                value = normalize(arguments[name])
+                raw = arguments[name]
+                if name in COMMAND_ARGS and isinstance(raw, str) and own_command(tool, raw):
+                    raw = raw.strip().split("\n", 1)[0]  # "edit 264:265\n<new text>" → "edit 264:265"
+                value = normalize(raw)
                 if value is not None:
                     return Target(value, name)
         return None
+
+
+def own_command(tool: str, command: str) -> bool:
+    """True when ``command`` is the tool's own command line (SWE-agent's ``edit`` tool called with
+    ``{"command": "edit 264:265\\n…\\nend_of_edit"}``): its target is the command's first line (the
+    file region), not the text being written."""
+    words = command.split(None, 1)
+    return bool(words) and words[0] == tool and tool not in ("bash", "sh", "shell")

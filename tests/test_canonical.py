@@ -159,7 +159,18 @@ def test_parse_arguments_returns_object_argument_itself() -> None:
             id="top_level_array_untouched",
         ),
         pytest.param("{bad description", ("description",), "{bad description", id="invalid_json_untouched"),
-        pytest.param('{"description": "only"}', ("description",), "{}", id="all_dropped_gives_empty_object"),
+        pytest.param(
+            '{"thought": "step 2: compare"}',
+            ("thought",),
+            '{"thought":"step 2: compare"}',
+            id="sole_argument_kept",
+        ),
+        pytest.param(
+            '{"thought": "a", "reason": "b"}',
+            ("thought", "reason"),
+            '{"reason":"b","thought":"a"}',
+            id="nothing_else_left_keeps_all",
+        ),
         pytest.param(
             '{"path": "a.py", "description": "look"}',
             (),
@@ -176,6 +187,12 @@ def test_parse_arguments_returns_object_argument_itself() -> None:
 )
 def test_ignore_args_drops_top_level_keys_only(raw: Any, ignore: tuple[str, ...], expected: str) -> None:
     assert canon(raw, ignore) == expected
+
+
+def test_keep_sole_false_drops_even_the_only_argument() -> None:
+    """The seed dsh-circuit-breaker dropped ignore_args unconditionally."""
+    raw = '{"thought": "step 2"}'
+    assert canonical_arguments(parse_arguments(raw), raw, ("thought",), keep_sole=False) == "{}"
 
 
 def test_ignore_args_does_not_mutate_object_arguments() -> None:

@@ -75,8 +75,20 @@ def guard(**settings: Any) -> Cycles:
         pytest.param(
             [c for i in range(4) for c in (read("a.py", f"v{i}"), edit("a.py", f"v{i + 1}"))],
             {},
+            [],
+            id="re_reading_after_each_edit_is_progress_never_reminded",
+        ),
+        pytest.param(
+            [c for _ in range(4) for c in (read("a.py", "v0"), edit("a.py", "v1", "Error: no match"))],
+            {},
+            [("remind", 6, 3), ("withhold", 8, 4)],
+            id="read_and_failing_edit_same_results_reminded_then_withheld",
+        ),
+        pytest.param(
+            [c for i in range(4) for c in (edit("a.py", f"v{i}"), pytest_cmd())],
+            {},
             [("remind", 6, 3)],
-            id="re_reading_after_each_edit_reminded_never_withheld",
+            id="new_edits_same_test_failure_reminded_never_withheld",
         ),
         pytest.param(
             [c for i in range(4) for c in (read("a.py", f"v{i}"), edit("a.py", f"v{i + 1}"))],
@@ -124,7 +136,8 @@ def test_reminder_and_withhold_texts_and_positions() -> None:
     assert remind == Remind(
         after=h.result_position(6),
         text=(
-            "[loopguard] You are going in circles: the same 2 steps have now repeated 3 times in a row:\n"
+            "[loopguard] You are going in circles: the same 2 steps have now repeated 3 times in a row, "
+            "and the last round gave the same results as the round before:\n"
             '  1. bash grep -rn "class X" .\n'
             '  2. bash grep -rn "class X" --include=*.py .\n'
             "Another round will end the same way. Stop and rethink: what did these results tell you, "

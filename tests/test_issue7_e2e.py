@@ -97,6 +97,17 @@ async def test_cycle_withhold_counted_under_its_rule(upstream: FakeUpstream, mak
 
 
 HARNESS = "[ERROR] You did not use a tool in your previous response! Please retry with a tool use."
+#: One step of tool use: the conversation is an agent's, not plain chat.
+READ_STEP: list[dict[str, Any]] = [
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c0", "content": "debug: true"},
+]
 
 
 def text_only_model() -> Any:
@@ -119,11 +130,12 @@ def text_only_model() -> Any:
 async def test_text_only_monologue_answered_by_a_harness_error_is_stopped_at_the_4th(
     upstream: FakeUpstream, sdk, stream: bool
 ) -> None:
-    """A harness that answers every text-only reply with the same error (Cline/Roo style): the
-    reminder is appended to the 3rd error message; the 4th identical reply gets the stop text."""
+    """A harness that answers every text-only reply with the same error (Cline/Roo style), in an
+    agent conversation that has used tools: the reminder is appended to the 3rd error message;
+    the 4th identical reply gets the stop text."""
     upstream.handler = text_only_model()
     client = await sdk()
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}, *READ_STEP]
     replies: list[tuple[str, str]] = []
     for _ in range(4):
         msg, finish = await turn(client, messages, stream)
@@ -144,7 +156,7 @@ async def test_different_text_only_replies_with_the_same_harness_error_stopped_a
     upstream.handler = text_only_model()
     base = await make_proxy()
     client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the config."}, *READ_STEP]
     for text in ("I think it is fixed.", "It should work now.", "Done, I believe."):
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": HARNESS}]
     try:
@@ -154,3 +166,25 @@ async def test_different_text_only_replies_with_the_same_harness_error_stopped_a
     assert (msg["content"], finish) == (f"{SAME}\n\n{MONOLOGUE_TEXT.format(count=4)}", "stop")
     sent = upstream.requests[-1].json()["messages"]
     assert sent[-1]["content"].startswith(f"{HARNESS}\n\n[loopguard] Your last 3 replies got the same answer")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_plain_chat_continue_is_never_stopped(upstream: FakeUpstream, make_proxy, stream: bool) -> None:
+    """Issue 10: a user typing "continue" for the next chapter, no tools anywhere. The model
+    answers the same text every time (the worst case); nothing is added, nothing stopped."""
+    upstream.handler = text_only_model()
+    base = await make_proxy()
+    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a story in chapters."}]
+    replies = []
+    try:
+        for _ in range(6):
+            msg, finish = await turn(client, messages, stream)
+            replies.append((msg["content"], finish))
+            messages += [msg, {"role": "user", "content": "continue"}]
+    finally:
+        await client.close()
+    assert replies == [(SAME, "stop")] * 6
+    assert [r.json()["messages"] for r in upstream.requests] == [messages[: 2 * k + 1] for k in range(6)]
+    snap = await snapshot(base)
+    assert (snap["stops"], snap["per_rule"]) == (0, {})

@@ -23,14 +23,27 @@ def guard(**settings: Any) -> Monologue:
 
 
 def with_calls(texts: list[str | None]) -> History:
+    """Each message says its text and makes the same call, which returns the same result."""
     h = History()
-    for i, text in enumerate(texts):
-        h.step(("read_file", {"path": f"f{i}.py"}, "x"), text=text)
+    for text in texts:
+        h.step(("read_file", {"path": "f.py"}, "x"), text=text)
     return h
 
 
-def text_only(texts: list[str], answers: list[str]) -> History:
+def paging(texts: list[str], results: list[str]) -> History:
+    """Each message says its text and pages on: the same call, a new result each time."""
     h = History()
+    for text, result in zip(texts, results, strict=True):
+        h.step(("scroll_down", {}, result), text=text)
+    return h
+
+
+def text_only(texts: list[str], answers: list[str], tools: bool = True) -> History:
+    """Text-only replies, each answered by a user message; ``tools``: the conversation made one
+    tool call first (positions then start at 3)."""
+    h = History()
+    if tools:
+        h.step(("read_file", {"path": "a.py"}, "x"))
     for text, answer in zip(texts, answers, strict=False):
         h.say(text)
         h.user(answer)
@@ -51,15 +64,60 @@ def text_only(texts: list[str], answers: list[str]) -> History:
         ),
         pytest.param(with_calls([SAME, None, SAME, SAME]), {}, [], id="message_without_text_breaks_the_run"),
         pytest.param(with_calls([SAME, "Now the tests.", SAME]), {}, [], id="different_text_breaks_the_run"),
+        pytest.param(
+            paging([SAME] * 4, ["page 1", "page 2", "page 3", "page 4"]),
+            {},
+            [],
+            id="same_narration_while_paging_is_progress",
+        ),
+        pytest.param(
+            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            .step(("read_file", {"path": "b.py"}, "y"), text=SAME)
+            .step(("read_file", {"path": "c.py"}, "z"), text=SAME),
+            {},
+            [],
+            id="same_narration_over_new_results_is_progress",
+        ),
+        pytest.param(
+            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            .step(("read_file", {"path": "b.py"}, "x"), text=SAME)
+            .step(("read_file", {"path": "c.py"}, "x"), text=SAME),
+            {},
+            [(6, "user", 3)],
+            id="same_narration_and_nothing_new_came_back",
+        ),
+        pytest.param(
+            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            .step(("grep", {"q": "a"}, "x"), text=SAME)
+            .step(("read_file", {"path": "a.py"}, "x"), text=SAME),
+            {},
+            [],
+            id="same_narration_over_other_tools_is_not_a_repeat",
+        ),
+        pytest.param(
+            paging([SAME] * 3, ["page 1", "page 1", "page 1"]),
+            {},
+            [(6, "user", 3)],
+            id="same_narration_and_the_same_page_again",
+        ),
         pytest.param(with_calls([SAME] * 2), {"repeats": 2, "stop_at": 3}, [(4, "user", 2)], id="repeats_2"),
         pytest.param(
-            text_only([SAME] * 3, [HARNESS] * 3), {}, [(6, "tool_suffix", 3)], id="same_text_only_reply"
+            text_only([SAME] * 3, [HARNESS] * 3), {}, [(8, "tool_suffix", 3)], id="same_text_only_reply"
         ),
         pytest.param(
             text_only(["I think it works.", "Done, I believe.", "It should be fine now."], [HARNESS] * 3),
             {},
-            [(6, "tool_suffix", 3)],
+            [(8, "tool_suffix", 3)],
             id="different_replies_same_harness_answer",
+        ),
+        pytest.param(
+            text_only(["Chapter 1 …", "Chapter 2 …", "Chapter 3 …", "Chapter 4 …"], ["continue"] * 4, False),
+            {},
+            [],
+            id="plain_chat_continue_is_never_a_monologue",
+        ),
+        pytest.param(
+            text_only([SAME] * 4, [HARNESS] * 4, False), {}, [], id="no_tool_calls_at_all_nothing"
         ),
         pytest.param(
             text_only(["a", "b", "c"], ["Please fix x.", "Now y.", "And z."]), {}, [], id="ordinary_chat"
@@ -93,15 +151,15 @@ def test_reminder_text_and_freshness() -> None:
 def test_text_only_reminder_is_appended_to_the_answer() -> None:
     h = text_only(["a", "b", "c"], [HARNESS] * 3)
     (action,) = guard()(transcript(h), None)
-    assert (action.after, action.fresh) == (6, True)
+    assert (action.after, action.fresh) == (8, True)
     assert action.text.startswith("[loopguard] Your last 3 replies got the same answer each time:\n")
     body = {"messages": [dict(m) for m in h.messages]}
     openai_chat.apply(body, [action])
     assert len(body["messages"]) == len(h.messages)  # appended, never a second user message in a row
-    assert body["messages"][6]["content"] == f"{HARNESS}\n\n{action.text}"
+    assert body["messages"][8]["content"] == f"{HARNESS}\n\n{action.text}"
     h.say("d")
     (later,) = guard()(transcript(h), None)
-    assert (later.after, later.fresh) == (6, False)
+    assert (later.after, later.fresh) == (8, False)
 
 
 @pytest.mark.parametrize(
@@ -112,10 +170,22 @@ def test_text_only_reminder_is_appended_to_the_answer() -> None:
         pytest.param(with_calls(["x", SAME, SAME]), f"  {SAME}\n", 3, id="normalized"),
         pytest.param(with_calls([SAME] * 3), "  ", 0, id="blank"),
         pytest.param(text_only([SAME] * 3, [HARNESS] * 3), SAME, 4, id="across_harness_answers"),
+        pytest.param(text_only([SAME] * 3, [HARNESS] * 3, False), SAME, 0, id="no_tool_calls_never"),
     ],
 )
 def test_stop_count(history: History, text: str, expected: int) -> None:
-    assert guard().stop_count(transcript(history), text) == expected
+    """A text-only answer after the history (``calls`` empty)."""
+    h = transcript(history)
+    tools = ("read_file",) if history.messages[-1].get("role") == "tool" else ()
+    assert guard().stop_count(h, text, tools) == expected
+
+
+def test_stop_count_of_an_answer_with_calls_compares_their_tools() -> None:
+    h = transcript(with_calls([SAME] * 3))
+    assert guard().stop_count(h, SAME, ["read_file"]) == 4
+    assert guard().stop_count(h, SAME, ["grep"]) == 1
+    assert guard().stop_count(h, SAME, ["read_file", "read_file"]) == 1
+    assert guard().stop_count(h, SAME, []) == 1
 
 
 @pytest.mark.parametrize(
@@ -126,6 +196,7 @@ def test_stop_count(history: History, text: str, expected: int) -> None:
         pytest.param(with_calls(["a", "b", "c"]), {}, False, id="all_different"),
         pytest.param(with_calls([SAME] * 3), {"stop_at": 0}, False, id="stop_off"),
         pytest.param(text_only([SAME] * 3, [HARNESS] * 3), {}, True, id="text_only_across_answers"),
+        pytest.param(text_only([SAME] * 3, [HARNESS] * 3, False), {}, False, id="plain_chat_never"),
         pytest.param(History(), {}, False, id="no_assistant_message"),
     ],
 )
@@ -146,6 +217,7 @@ def test_stop_possible(history: History, settings: dict[str, Any], expected: boo
         ),
         pytest.param(with_calls([SAME] * 3), 0, id="ends_with_tool_results"),
         pytest.param(text_only(["a", "b"], [HARNESS] * 2).say("c"), 0, id="ends_with_the_reply"),
+        pytest.param(text_only(["a", "b", "c"], [HARNESS] * 3, False), 0, id="plain_chat_none"),
     ],
 )
 def test_answer_run(history: History, expected: int) -> None:

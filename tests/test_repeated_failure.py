@@ -79,7 +79,22 @@ def guard(**settings: Any) -> RepeatedFailure:
         ),
         pytest.param([diff("a"), read(), diff("a")], {}, [("remind", 3, 2)], id="reissue_not_in_a_row"),
         pytest.param(
-            [diff("a", REJECTED), diff("a", OK)], {}, [("remind", 2, 2)], id="reissued_rejected_call"
+            [diff("a", REJECTED), diff("a", REJECTED)], {}, [("remind", 2, 2)], id="reissued_rejected_call"
+        ),
+        pytest.param(
+            [diff("a", REJECTED), diff("a", OK)], {}, [], id="reissued_after_rejection_then_accepted_no_loop"
+        ),
+        pytest.param(
+            [diff("a"), ("edit_file", {"path": "client.py", "old": "a", "new": "b"}, "Edited."), diff("a")],
+            {},
+            [],
+            id="rerun_after_an_edit_is_right_never_reminded",
+        ),
+        pytest.param(
+            [diff("a"), diff("a", "ERROR: apply_diff failed: the SEARCH block was not found (12% similar)")],
+            {},
+            [],
+            id="same_call_new_error_text_is_not_the_same_result"
         ),
         pytest.param([diff("a", OK), diff("a", OK)], {}, [], id="identical_after_success"),
         pytest.param([diff("a"), diff("a")], {"reissue": False}, [], id="reissue_off"),
@@ -138,19 +153,20 @@ def test_failing_text_names_the_target() -> None:
 def test_reissue_texts() -> None:
     (failed,) = guard()(transcript(History().steps([diff("a"), diff("a")])), None)
     assert failed.text == (
-        "[loopguard] You made a call that failed the last time, again with the exact same arguments.\n"
+        "[loopguard] You made the same call again, with the exact same arguments and nothing changed "
+        "in between, and it failed again with the same result as the last time.\n"
         "- tool: apply_diff\n"
         '- arguments: {"diff":"<<<<<<< SEARCH\\ndef f(a","path":"client.py"}\n'
-        "- last result: ERROR: apply_diff failed: the SEARCH block was not found (41% similar)\n"
-        "The same call gives the same result. Change the arguments or the approach, or tell the user "
-        "what is blocking you."
+        "- result: ERROR: apply_diff failed: the SEARCH block was not found (41% similar)\n"
+        "Repeating it unchanged will not give a different result. Change the arguments or the "
+        "approach, or tell the user what is blocking you."
     )
-    (rejected,) = guard()(transcript(History().steps([diff("a", REJECTED), diff("a", OK)])), None)
+    (rejected,) = guard()(transcript(History().steps([diff("a", REJECTED), diff("a", REJECTED)])), None)
     assert rejected.text.splitlines()[0] == (
-        "[loopguard] You made a call that was rejected by the user the last time, again with the exact "
-        "same arguments."
+        "[loopguard] You made the same call again, with the exact same arguments and nothing changed "
+        "in between, and it was rejected by the user again with the same result as the last time."
     )
-    assert rejected.text.splitlines()[3] == "- last result: The user rejected this edit and left feedback:"
+    assert rejected.text.splitlines()[3] == "- result: The user rejected this edit and left feedback:"
     assert "(the user rejected it: do what they asked instead)" in rejected.text
 
 
@@ -158,4 +174,4 @@ def test_error_preview_chars() -> None:
     long = "Error: " + "x" * 300
     calls = [("bash", {"command": "run"}, long)] * 2
     (action,) = guard(error_preview_chars=20)(transcript(History().steps(calls)), None)
-    assert "- last result: Error: xxxxxxxxxxxxx… (+287 more chars)\n" in action.text
+    assert "- result: Error: xxxxxxxxxxxxx… (+287 more chars)\n" in action.text

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from proxy.actions import Action
 from proxy.config import GuardsConfig
+from proxy.effects import EffectRule, Situations
+from proxy.failures import FailureRule, compile_pattern
 from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.cycles import Cycles
 from proxy.guards.echo_loop import EchoLoop
@@ -42,30 +44,40 @@ class Context:
 Guard = Callable[[Transcript, Context], list[Action]]
 
 
-def build_guards(cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS) -> tuple[Guard, ...]:
+def build_guards(
+    cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS, effects: EffectRule | None = None
+) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
-    (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0).
-    ``masks``: the compiled ``progress.masks`` for guards with ``progress_aware``."""
+    (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
+    issue-7 rules, and last ``escalation`` (it reads the reminders of the guards before it).
+    ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
+    (:mod:`proxy.effects`), both for guards with ``progress_aware``."""
     turn = cfg.turn_guard
     inject = cfg.repeat_reminder.inject_as
     targets = TargetRule(overrides=turn.targets)
+    situations = Situations(
+        masks,
+        effects or EffectRule(),
+        FailureRule(turn.failure_patterns),
+        tuple(compile_pattern(p) for p in cfg.repeated_failure.rejection_patterns),
+    )
     registry: list[tuple[bool, Callable[[], Guard]]] = [
-        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, masks)),
-        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, masks)),
-        (turn.enabled, lambda: TurnGuard(turn, masks)),
+        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, situations)),
+        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, situations)),
+        (turn.enabled, lambda: TurnGuard(turn, situations)),
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
         # issue 7: beyond exact repeats (reminders use repeat_reminder's inject_as; targets and
         # failures as turn_guard defines them)
         (
             cfg.recurrence.enabled,
-            lambda: Recurrence(cfg.recurrence, inject, masks, leave_runs=cfg.repeat_reminder.enabled),
+            lambda: Recurrence(cfg.recurrence, inject, situations, leave_runs=cfg.repeat_reminder.enabled),
         ),
-        (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, masks, targets)),
+        (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, situations, targets)),
         (
             cfg.repeated_failure.enabled,
-            lambda: RepeatedFailure(cfg.repeated_failure, inject, targets, turn.failure_patterns),
+            lambda: RepeatedFailure(cfg.repeated_failure, inject, targets, turn.failure_patterns, situations),
         ),
-        (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject)),
+        (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
         (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, masks)),
     ]
     return tuple(make() for enabled, make in registry if enabled)

@@ -18,7 +18,12 @@ Rules:
   (:mod:`proxy.progress`); a new result is progress: the call runs and is not counted (it does not
   enter the duplicate count; it still counts towards the lifetime cap). A call whose result has not
   arrived is judged by the previous pair. So only results identical to one the model already has
-  are ever withheld as duplicates.
+  are ever withheld as duplicates. A repeat counts only when nothing between it and the previous
+  call with its key changed the situation (issue 10, :mod:`proxy.effects`): a routine call repeated
+  across a session full of edits (``cp x.orig x`` between fix attempts) is progress, not a loop.
+- ``ignore_args`` are dropped only while the call keeps another argument (a ``think`` tool whose
+  one argument is ``thought`` is compared by it); ``ignore_sole_args`` drops them even then (the
+  seed).
 - Denied calls do not enter the window and do not count as executed. Every other guarded call is
   executed, *whether or not its result is in the request yet*: verdicts depend only on the sequence
   of calls, so a result arriving on a later request never changes the verdict of any call.
@@ -40,8 +45,9 @@ from collections import Counter, deque
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.config import CircuitBreakerConfig
+from proxy.effects import Situations
 from proxy.patterns import NamePatterns
-from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
+from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
 
 RULE = "circuit_breaker"
@@ -65,13 +71,13 @@ CAP_TEXT = (
 class CircuitBreaker:
     """Guard callable: ``CircuitBreaker(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_exempt", "_ignore", "_masks", "_only", "_texts")
+    __slots__ = ("_cfg", "_exempt", "_ignore", "_only", "_situations", "_texts")
 
     name = RULE
 
-    def __init__(self, cfg: CircuitBreakerConfig, masks: Masks = DEFAULT_MASKS) -> None:
+    def __init__(self, cfg: CircuitBreakerConfig, situations: Situations | None = None) -> None:
         self._cfg = cfg
-        self._masks = masks
+        self._situations = situations or Situations()
         self._exempt = NamePatterns(cfg.exempt)
         self._only = NamePatterns(cfg.only)
         self._ignore = frozenset(cfg.ignore_args)
@@ -93,15 +99,21 @@ class CircuitBreaker:
         seen: Counter[tuple[str, str]] = Counter()
         guarded = 0
         executed = 0
-        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
+        judge = None
+        guarded_calls = [c for c in transcript.calls if self.guarded(c.name)]
+        if cfg.progress_aware:  # unguarded calls are ignored entirely: they change no situation
+            judge = RepeatJudge(self._situations.masks, self._situations.epochs(guarded_calls))
+        keep_sole = not cfg.ignore_sole_args
         actions: list[Action] = []
-        for call in transcript.calls:
-            if not self.guarded(call.name):
-                continue
-            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+        for index, call in enumerate(guarded_calls):
+            key = (
+                call.name,
+                canonical_arguments(call.arguments, call.arguments_raw, self._ignore, keep_sole),
+            )
             guarded += 1
-            # progress: the key was seen before, but the result is new (a first call never is)
-            progress = judge is not None and not judge.repeats(key, call.result) and key in seen
+            # progress: the key was seen before, but the result is new or the situation changed
+            # in between (a first call never is)
+            progress = judge is not None and not judge.repeats(key, call.result, index) and key in seen
             if not progress:
                 seen[key] += 1
             if cap and executed >= cap:

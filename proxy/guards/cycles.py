@@ -6,17 +6,23 @@ Rules:
   the ``turn_guard.targets`` overrides; a leading ``./`` ignored), or, for a call without a
   target, tool name and canonical arguments. Arguments of targeted calls may differ: an
   edit/write ping-pong on one file with different content is a cycle; the same sequence over
-  different files (a per-item batch) is not, because the targets differ.
+  different files (a per-item batch) is not, because the targets differ. A multiplexed tool's
+  subcommand is part of its identity (``str_replace_editor`` ``view`` and ``str_replace`` on one
+  file are two different steps).
 - The calls up to call *i* end in a cycle of period *p* (``min_period``..``max_period``) when
   each of the last ``p * (n - 1)`` identities equals the one *p* calls before it; *n* is the
   number of repetitions. A period whose block is one identity repeated (A A) is an exact repeat,
   left to the repeat rules. The smallest matching period is reported.
-- When the cycle reaches ``repetitions`` (3) repetitions, a reminder describing the cycle goes
-  after the completing call's step. From ``withhold_at`` (4) repetitions on, every call that
-  continues the cycle has its result withheld — with ``progress_aware``, only when every call
-  of the last round (the last *p* calls) got the same result (masked, :mod:`proxy.progress`) as
-  the call one period before it: a cycle where something changes (re-reading a file after each
-  edit) is still getting somewhere. A result not yet known is judged by the previous pair.
+- When the cycle reaches ``repetitions`` (3) repetitions and (with ``progress_aware``) every call
+  of the last round got the same result (masked) as the call one period before, a reminder
+  describing the cycle goes after the completing call's step: debugging that edits and re-runs
+  with new results each round is not going in circles.
+- From ``withhold_at`` (4) repetitions on, every call that continues the cycle has its result
+  withheld — with ``progress_aware``, only when every call of the last round (the last *p* calls)
+  got the same result (masked, :mod:`proxy.progress`) as the call one period before it and no call
+  in between changed the situation (:mod:`proxy.effects`: a successful new edit does): a cycle
+  where something changes (re-reading a file after each edit) is still getting somewhere. A result
+  not yet known is judged by the previous pair.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from collections.abc import Sequence
 from proxy.actions import Action, Delivery, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.config import CyclesConfig
+from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known, remind_after_step, turns
-from proxy.progress import DEFAULT_MASKS, Masks, same_result
-from proxy.targets import TargetRule, path_key
+from proxy.progress import same_result
+from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolCall, Transcript
 
 RULE = "cycles"
@@ -37,7 +44,7 @@ STEP_PREVIEW_CHARS = 120
 
 REMIND_TEXT = (
     "[loopguard] You are going in circles: the same {period} steps have now repeated {count} "
-    "times in a row:\n{steps}\n"
+    "times in a row, and the last round gave the same results as the round before:\n{steps}\n"
     "Another round will end the same way. Stop and rethink: what did these results tell you, "
     "and what different step would get you further? If you are stuck, tell the user."
 )
@@ -60,7 +67,7 @@ def _block_period_is(block: Sequence[tuple[str, str]], period: int) -> bool:
 class Cycles:
     """Guard callable: ``Cycles(cfg)(transcript, ctx) -> list[Remind | Withhold]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_masks", "_targets")
+    __slots__ = ("_cfg", "_delivery", "_situations", "_targets")
 
     name = RULE
 
@@ -68,18 +75,20 @@ class Cycles:
         self,
         cfg: CyclesConfig,
         delivery: Delivery = "user",
-        masks: Masks = DEFAULT_MASKS,
+        situations: Situations | None = None,
         targets: TargetRule | None = None,
     ) -> None:
         self._cfg = cfg
         self._delivery = delivery
-        self._masks = masks
+        self._situations = situations or Situations()
         self._targets = targets or TargetRule()
 
     def identity(self, call: ToolCall) -> tuple[str, str]:
         target = self._targets(call.name, call.arguments)
         if target is not None:
-            return call.name, target.value if target.is_command else path_key(target.value)
+            where = target.value if target.is_command else path_key(target.value)
+            sub = subcommand(call.arguments)
+            return call.name, f"{sub} {where}" if sub else where
         return call.name, "\0" + canonical_arguments(call.arguments, call.arguments_raw)
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
@@ -93,7 +102,23 @@ class Cycles:
         periods = range(cfg.min_period, cfg.max_period + 1)
         ids = [self.identity(c) for c in calls]
         run = dict.fromkeys(periods, 0)  # identities in a row equal to the one p calls earlier
-        nop: list[bool] = []  # per call: its result repeats the one a period earlier
+        epochs = self._situations.epochs(transcript.calls)
+        masks = self._situations.masks
+        memo: dict[tuple[int, int], tuple[bool, bool]] = {}
+
+        def same(k: int, p: int) -> tuple[bool, bool]:
+            """(call k's result repeats the one p calls before, and nothing in between changed the
+            situation); a result not known yet is judged by the previous pair."""
+            if k < p:
+                return False, False
+            if (k, p) not in memo:
+                if known(calls[k].result):
+                    result = same_result(calls[k].result, calls[k - p].result, masks)
+                else:
+                    result = same(k - p, p)[0]
+                memo[(k, p)] = (result, result and epochs.unchanged(calls[k - p].seq, calls[k].seq))
+            return memo[(k, p)]
+
         actions: list[Action] = []
         for i, call in enumerate(calls):
             for p in periods:
@@ -102,16 +127,14 @@ class Cycles:
                 (p for p in periods if run[p] >= p and _block_period_is(ids[i - p + 1 : i + 1], p)), None
             )
             if found is None:
-                nop.append(False)
                 continue
             p = found
-            if known(call.result):
-                nop.append(same_result(call.result, calls[i - p].result, self._masks))
-            else:
-                nop.append(nop[i - p])
             count = run[p] // p + 1  # repetitions, counting the first
             complete = run[p] % p == 0
-            if complete and count == cfg.repetitions:
+            last_round = [same(k, p) for k in range(i - p + 1, i + 1)]
+            # a reminder only when the last round got the same results as the one before
+            repeated = not cfg.progress_aware or all(r for r, _ in last_round)
+            if complete and count == cfg.repetitions and repeated:
                 steps = "\n".join(
                     f"  {k}. {name} {preview(target.lstrip(chr(0)), STEP_PREVIEW_CHARS)}"
                     for k, (name, target) in enumerate(ids[i - p + 1 : i + 1], 1)
@@ -123,7 +146,8 @@ class Cycles:
                 if remind is not None:
                     actions.append(remind)
             withhold = cfg.withhold_at and run[p] >= p * (cfg.withhold_at - 1)
-            stale = all(nop[i - p + 1 : i + 1])  # no call of the last round got a new result
+            # no call of the last round got a new result, and none changed the situation
+            stale = all(unchanged for _, unchanged in last_round)
             if not withhold or (cfg.progress_aware and not stale) or call.result is None:
                 continue
             cycle = " → ".join(name for name, _ in ids[i - p + 1 : i + 1])

@@ -3,9 +3,14 @@ response side stops the turn.
 
 Rules (over the user and assistant messages of the whole conversation, in order; user messages
 do not reset, because harnesses answer a reply they dislike with a user message):
+- Never in a conversation without tool calls (issue 10, defect 3): plain chat where a user types
+  "continue" for the next chapter is not a loop.
 - **Same text**: an assistant message's text, whitespace-normalized (runs of whitespace → one
-  space, trimmed), equal to the text of the previous assistant message, with or without tool
-  calls; an assistant message without text breaks the run. When the run reaches ``repeats`` (3)
+  space, trimmed), equal to the text of the previous assistant message, *and nothing new came
+  back in between*: both messages are text-only, or both called the same tools (in order; the
+  arguments may differ) and got the same results (masked, :mod:`proxy.progress`). The same
+  narration while paging through a file (``scroll_down``, each page new) is progress, not a
+  repeat. An assistant message without text breaks the run. When the run reaches ``repeats`` (3)
   messages, a reminder fires.
 - **Same answer**: text-only assistant replies (no tool calls) each answered by a user message
   with the same normalized text (a harness error such as "You did not use a tool"); the run
@@ -15,9 +20,11 @@ do not reset, because harnesses answer a reply they dislike with a user message)
   that answered it (the harness's user message), never inserted, so roles keep alternating; a
   reply nothing answered yet gets none. Fresh when that message is the request's last.
 - Stop (:meth:`Monologue.stop_count`, :meth:`Monologue.answer_run`, read by
-  :class:`proxy.response.StopJudge`): a response whose text would make the same-text run
-  ``stop_at`` (4) long, or a text-only response after ``stop_at - 1`` text-only replies that each
-  got the same answer, ends the turn (:meth:`Monologue.stop_possible` says when to look).
+  :class:`proxy.response.StopJudge`): a response whose text (and calls) would make the same-text
+  run ``stop_at`` (4) long, or a text-only response after ``stop_at - 1`` text-only replies that
+  each got the same answer, ends the turn (:meth:`Monologue.stop_possible` says when to look). A
+  response's calls, whose results are not known yet, continue the run when they call the same
+  tools as the last message.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery, Remind
 from proxy.config import MonologueConfig
+from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import known
+from proxy.progress import same_result
 from proxy.transcript import Said, Transcript
 
 RULE = "monologue"
@@ -56,32 +66,80 @@ def normalize(text: str) -> str:
 class Monologue:
     """Guard callable: ``Monologue(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery")
+    __slots__ = ("_cfg", "_delivery", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
     withholds = False
 
-    def __init__(self, cfg: MonologueConfig, delivery: Delivery = "user") -> None:
+    def __init__(
+        self, cfg: MonologueConfig, delivery: Delivery = "user", situations: Situations | None = None
+    ) -> None:
         self._cfg = cfg
         self._delivery = delivery
+        self._situations = situations or Situations()
 
     @property
     def config(self) -> MonologueConfig:
         return self._cfg
 
+    def _tools_of(self, transcript: Transcript, msg: Said) -> tuple[str, ...]:
+        """The tools assistant message ``msg`` called, in order (empty for a text-only one)."""
+        if not msg.has_calls:
+            return ()
+        step = next((s for s in transcript.steps if s.position == msg.position), None)
+        if step is None:
+            return ()
+        return tuple(transcript.calls[i].name for i in step.calls)
+
+    def _same_step(self, transcript: Transcript, a: Said, b: Said) -> bool:
+        """Nothing new came back between assistant messages ``a`` and ``b`` (see the rules)."""
+        if a.has_calls != b.has_calls:
+            return False
+        if not a.has_calls:
+            return True
+        steps = {s.position: s for s in transcript.steps if s.position in (a.position, b.position)}
+        sa, sb = steps.get(a.position), steps.get(b.position)
+        if sa is None or sb is None or len(sa.calls) != len(sb.calls):
+            return False
+        masks = self._situations.masks
+        for i, j in zip(sa.calls, sb.calls, strict=True):
+            x, y = transcript.calls[i], transcript.calls[j]
+            if x.name != y.name:
+                return False
+            if known(y.result) and not same_result(x.result, y.result, masks):
+                return False
+        return True
+
+    def _runs(self, transcript: Transcript) -> list[int]:
+        """Per assistant message of ``transcript.said`` (in order), the length of its same-text run."""
+        runs: list[int] = []
+        last: Said | None = None
+        last_text = ""
+        for msg in transcript.said:
+            if msg.role != "assistant":
+                continue
+            text = normalize(msg.text)
+            if text and last is not None and text == last_text and self._same_step(transcript, last, msg):
+                runs.append(runs[-1] + 1)
+            else:
+                runs.append(1 if text else 0)
+            last, last_text = msg, text
+        return runs
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        if not transcript.calls:
+            return []
         said = transcript.said
         step_at = {s.position: s for s in transcript.steps}
+        runs = iter(self._runs(transcript))
         actions: list[Action] = []
-        text_run, last_text = 0, ""
         answer_run, last_answer = 0, ""
         for k, msg in enumerate(said):
             if msg.role != "assistant":
                 continue
             text = normalize(msg.text)
-            text_run = text_run + 1 if text and text == last_text else (1 if text else 0)
-            last_text = text
+            text_run = next(runs)
             answer = _answer(said, k, transcript.message_count)
             if answer is not None:
                 a_text = normalize(answer.text)
@@ -117,16 +175,18 @@ class Monologue:
         """True when one more assistant message repeating the last one, or one more text-only
         reply after the same answer, would reach ``stop_at``."""
         stop_at = self._cfg.stop_at
-        if not stop_at:
+        if not stop_at or not transcript.calls:
             return False
         if self.answer_run(transcript) + 1 >= stop_at:
             return True
-        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
-        return last is not None and self.stop_count(transcript, last.text) >= stop_at
+        runs = self._runs(transcript)
+        return bool(runs) and runs[-1] + 1 >= stop_at
 
     def answer_run(self, transcript: Transcript) -> int:
         """How many text-only replies in a row, each answered by the same user message, end the
-        conversation (the *same answer* run)."""
+        conversation (the *same answer* run); 0 in a conversation without tool calls."""
+        if not transcript.calls:
+            return 0
         said = transcript.said
         run, answer, k = 0, "", len(said) - 1
         while k >= 1:
@@ -141,20 +201,19 @@ class Monologue:
             run, answer, k = run + 1, text, k - 2
         return run
 
-    def stop_count(self, transcript: Transcript, text: str) -> int:
+    def stop_count(self, transcript: Transcript, text: str, tools: Sequence[str] = ()) -> int:
         """How long the same-text run would be with one more assistant message saying ``text``
-        (0 when ``text`` is blank)."""
+        and calling ``tools`` (names, in order); 0 when ``text`` is blank or the conversation has
+        no tool calls."""
         text = normalize(text)
-        if not text:
+        if not text or not transcript.calls:
             return 0
-        run = 1
-        for msg in reversed(transcript.said):
-            if msg.role != "assistant":
-                continue
-            if normalize(msg.text) != text:
-                break
-            run += 1
-        return run
+        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
+        if last is None or normalize(last.text) != text:
+            return 1
+        if tuple(tools) != self._tools_of(transcript, last):
+            return 1
+        return self._runs(transcript)[-1] + 1
 
 
 def _answer(said: Sequence[Said], k: int, message_count: int) -> Said | None:

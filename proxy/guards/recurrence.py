@@ -4,9 +4,10 @@ Rules:
 - Per turn (calls after a user message), calls are keyed by tool and canonical arguments
   (DESIGN §5, ``ignore_args`` dropped). With ``progress_aware`` a call counts as a *recurrence*
   of its key only when its result equals the previous identical call's result after masking
-  volatile spans (:mod:`proxy.progress`); a new result restarts the key's count (polling a job
-  whose status changes, re-reading a file after editing it). Without it, every identical call
-  counts.
+  volatile spans (:mod:`proxy.progress`) and nothing between them changed the situation
+  (:mod:`proxy.effects`: an edit, a ``cp``, a script run); a new result or a change in between
+  restarts the key's count (polling a job whose status changes, re-reading a file after editing
+  it). Without it, every identical call counts.
 - A reminder fires after the step of the call that makes ``occurrences`` (3) counted calls of
   one key among the last ``window`` (20) calls of the turn, once per crossing. While
   ``repeat_reminder`` is on (``leave_runs``), occurrences that are all consecutive calls are left
@@ -19,9 +20,10 @@ from __future__ import annotations
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.config import RecurrenceConfig
+from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import remind_after_step, turns
-from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
+from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
 
 RULE = "recurrence"
@@ -40,7 +42,7 @@ TEXT = (
 class Recurrence:
     """Guard callable: ``Recurrence(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_masks")
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
@@ -50,25 +52,26 @@ class Recurrence:
         self,
         cfg: RecurrenceConfig,
         delivery: Delivery = "user",
-        masks: Masks = DEFAULT_MASKS,
+        situations: Situations | None = None,
         leave_runs: bool = True,
     ) -> None:
         self._cfg = cfg
         self._leave_runs = leave_runs
         self._delivery = delivery
         self._ignore = frozenset(cfg.ignore_args)
-        self._masks = masks
+        self._situations = situations or Situations()
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         cfg = self._cfg
         actions: list[Action] = []
+        epochs = self._situations.epochs(transcript.calls) if cfg.progress_aware else None
         for calls in turns(transcript.calls):
-            judge = RepeatJudge(self._masks) if cfg.progress_aware else None
+            judge = RepeatJudge(self._situations.masks, epochs) if cfg.progress_aware else None
             hits: dict[tuple[str, str], list[int]] = {}
             for i, call in enumerate(calls):
                 key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
                 seen = hits.get(key)
-                repeat = judge.repeats(key, call.result) if judge is not None else seen is not None
+                repeat = judge.repeats(key, call.result, call.seq) if judge is not None else seen is not None
                 if seen is None or not repeat:
                     hits[key] = [i]
                     continue

@@ -9,8 +9,9 @@ Rules:
   ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it.
 - ``progress_aware`` (issue 7): a call with the same key continues the chain only when its result
   equals the previous call's after masking volatile spans (:mod:`proxy.progress`); a new result is
-  progress and restarts the chain at 1. A call whose result has not arrived is judged by the
-  previous pair.
+  progress and restarts the chain at 1, and so does a call after another (untracked) call that
+  changed the situation (:mod:`proxy.effects`). A call whose result has not arrived is judged by
+  the previous pair.
   Parallel calls in one step count in listed order.
 - A reminder fires when the count *equals* a threshold. The lowest threshold gives a short generic
   nudge; higher ones a detailed reminder with ``- tool:``, ``- consecutive_calls:`` and
@@ -24,8 +25,9 @@ from __future__ import annotations
 from proxy.actions import Action, Remind
 from proxy.canonical import canonical_arguments
 from proxy.config import RepeatReminderConfig
+from proxy.effects import Situations
 from proxy.patterns import NamePatterns
-from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
+from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
 
 RULE = "repeat_reminder"
@@ -56,15 +58,15 @@ def preview(text: str, limit: int) -> str:
 class RepeatReminder:
     """Guard callable: ``RepeatReminder(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_masks", "_thresholds")
+    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_situations", "_thresholds")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
     withholds = False
 
-    def __init__(self, cfg: RepeatReminderConfig, masks: Masks = DEFAULT_MASKS) -> None:
+    def __init__(self, cfg: RepeatReminderConfig, situations: Situations | None = None) -> None:
         self._cfg = cfg
-        self._masks = masks
+        self._situations = situations or Situations()
         self._include = NamePatterns(cfg.include)
         self._exclude = NamePatterns(cfg.exclude)
         self._ignore = frozenset(cfg.ignore_args)
@@ -82,12 +84,13 @@ class RepeatReminder:
         prev_key: tuple[str, str] | None = None
         prev_turn = -1
         count = 0
-        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
-        for call in transcript.calls:
-            if not self.tracked(call.name):
-                continue
+        judge = None
+        tracked = [c for c in transcript.calls if self.tracked(c.name)]
+        if cfg.progress_aware:  # untracked calls are transparent: they change no situation either
+            judge = RepeatJudge(self._situations.masks, self._situations.epochs(tracked))
+        for index, call in enumerate(tracked):
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-            progress = judge is not None and not judge.repeats(key, call.result)
+            progress = judge is not None and not judge.repeats(key, call.result, index)
             if call.turn != prev_turn or key != prev_key or progress:
                 count = 0
             count += 1

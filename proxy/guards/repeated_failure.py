@@ -11,8 +11,16 @@ Rules, per turn (calls after a user message):
   of a failed call gets none (the re-issue reminder below, and ``repeat_reminder``, cover it).
 - **Re-issuing a failed call** (``reissue``): a call identical (tool and canonical arguments,
   ``ignore_args`` dropped) to the previous such call in the turn, whose result failed or was a
-  user rejection (``rejection_patterns``, searched in the result's edges) → a reminder at that
-  2nd occurrence (not again while the failures of that exact call go on).
+  user rejection (``rejection_patterns``, searched in the result's edges), that got the same
+  result again (masked, :mod:`proxy.progress`) with nothing in between that changed the
+  situation (:mod:`proxy.effects`) → a reminder at the first such occurrence (not again while
+  the failures of that exact call go on; ``count`` is the call's number in that run).
+  Re-running a failed command after an edit is exactly what an agent should do: it is never
+  reminded (issue 10, defect 1), and the text only claims what held: same arguments, nothing
+  changed, the same result.
+- A multiplexed tool's subcommand is part of what a call is on (:func:`proxy.targets.subcommand`):
+  a successful ``str_replace_editor view`` of a file does not reset the failures of the
+  ``str_replace`` edits on it (issue 10, defect 6).
 - One reminder per call (the re-issue text wins), after the call's step.
 """
 
@@ -23,10 +31,12 @@ from collections import Counter
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.config import RepeatedFailureConfig
+from proxy.effects import Situations
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import remind_after_step, turns
-from proxy.targets import TargetRule, path_key
+from proxy.progress import RepeatJudge
+from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolCall, ToolResult, Transcript
 
 RULE = "repeated_failure"
@@ -40,20 +50,29 @@ FAILING_TEXT = (
     "you."
 )
 REISSUE_TEXT = (
-    "[loopguard] You made a call that {outcome} the last time, again with the exact same "
-    "arguments.\n"
+    "[loopguard] You made the same call again, with the exact same arguments and nothing changed "
+    "in between, and it {outcome} again with the same result as the last time.\n"
     "- tool: {tool}\n"
     "- arguments: {arguments}\n"
-    "- last result: {error}\n"
-    "The same call gives the same result. Change the arguments or the approach{respect}, or tell "
-    "the user what is blocking you."
+    "- result: {error}\n"
+    "Repeating it unchanged will not give a different result. Change the arguments or the "
+    "approach{respect}, or tell the user what is blocking you."
 )
 
 
 class RepeatedFailure:
     """Guard callable: ``RepeatedFailure(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_failures", "_ignore", "_patterns", "_rejections", "_targets")
+    __slots__ = (
+        "_cfg",
+        "_delivery",
+        "_failures",
+        "_ignore",
+        "_patterns",
+        "_rejections",
+        "_situations",
+        "_targets",
+    )
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
@@ -65,7 +84,9 @@ class RepeatedFailure:
         delivery: Delivery = "user",
         targets: TargetRule | None = None,
         failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS,
+        situations: Situations | None = None,
     ) -> None:
+        self._situations = situations or Situations()
         self._cfg = cfg
         self._delivery = delivery
         self._targets = targets or TargetRule()
@@ -83,9 +104,11 @@ class RepeatedFailure:
     def _on(self, call: ToolCall) -> tuple[str, str | None]:
         """(tool, target) of ``call``; the target None when it has none."""
         target = self._targets(call.name, call.arguments)
+        sub = subcommand(call.arguments)
+        name = f"{call.name} {sub}" if sub else call.name
         if target is None:
-            return call.name, None
-        return call.name, target.value if target.is_command else path_key(target.value)
+            return name, None
+        return name, target.value if target.is_command else path_key(target.value)
 
     def _bad(self, call: ToolCall) -> tuple[bool, bool]:
         """(its result failed or was rejected, it was rejected) — only asked of calls repeated."""
@@ -108,10 +131,12 @@ class RepeatedFailure:
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         cfg = self._cfg
         actions: list[Action] = []
+        epochs = self._situations.epochs(transcript.calls) if cfg.reissue else None
         for calls in turns(transcript.calls):
+            judge = RepeatJudge(self._situations.masks, epochs)
             runs: dict[tuple[str, str | None], int] = {}
-            # key -> (its last call, that call's predecessor with the key was bad)
-            last: dict[tuple[str, str], tuple[ToolCall, bool]] = {}
+            # key -> (its last call, occurrences in its current run of bad results, reminded in it)
+            last: dict[tuple[str, str], tuple[ToolCall, int, bool]] = {}
             ons = [self._on(call) for call in calls]
             # only a tool/target with enough calls in the turn can reach the run: classify just those
             often = {on for on, n in Counter(ons).items() if cfg.failures and n >= cfg.failures}
@@ -124,19 +149,24 @@ class RepeatedFailure:
                     runs[on] = 0
                 key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
                 entry = last.get(key)
-                prev = (*self._bad(entry[0]), entry[1], entry[0].result) if entry is not None else None
-                last[key] = (call, prev is not None and prev[0])
+                # (the previous call with the key failed or was rejected, it was rejected)
+                prev = self._bad(entry[0]) if entry is not None else None
+                run = entry[1] + 1 if entry is not None and prev is not None and prev[0] else 1
+                reminded = entry is not None and entry[2] and run > 1
+                same = judge.repeats(key, call.result, call.seq) if cfg.reissue else False
                 text = None
                 count = 0
-                if cfg.reissue and prev is not None and prev[0] and not prev[2]:
+                if cfg.reissue and prev is not None and prev[0] and same and not reminded:
+                    assert entry is not None
                     text = REISSUE_TEXT.format(
                         outcome="was rejected by the user" if prev[1] else "failed",
                         tool=call.name,
                         arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
-                        error=self.error_line(prev[3]),
+                        error=self.error_line(entry[0].result),
                         respect=" (the user rejected it: do what they asked instead)" if prev[1] else "",
                     )
-                    count = 2
+                    count = run
+                    reminded = True
                 elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
                     count = runs[on]
                     target = preview(where, 120) if where else ""
@@ -146,9 +176,10 @@ class RepeatedFailure:
                         count=count,
                         error=self.error_line(call.result),
                     )
+                last[key] = (call, run, reminded)
                 if text is None:
                     continue
-                limit = 2 if count == 2 and cfg.reissue else cfg.failures
+                limit = 2 if text.startswith(REISSUE_TEXT[:30]) else cfg.failures
                 action = remind_after_step(transcript, call, text, RULE, count, limit, self._delivery)
                 if action is not None:
                     actions.append(action)

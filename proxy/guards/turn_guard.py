@@ -47,10 +47,11 @@ from typing import Any
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
+from proxy.effects import Situations
 from proxy.facts import annotate
 from proxy.failures import FailureRule
 from proxy.guards.repeat_reminder import preview
-from proxy.progress import DEFAULT_MASKS, Masks, RepeatJudge
+from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, path_key
 from proxy.transcript import ToolCall, Transcript
 
@@ -172,13 +173,13 @@ def _fold(run: int, flags: Sequence[bool | None]) -> int:
 class TurnGuard:
     """Guard callable: ``TurnGuard(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_failures", "_ignore", "_masks", "_memo", "_targets")
+    __slots__ = ("_cfg", "_failures", "_ignore", "_memo", "_situations", "_targets")
 
     name = RULE
 
-    def __init__(self, cfg: TurnGuardConfig, masks: Masks = DEFAULT_MASKS) -> None:
+    def __init__(self, cfg: TurnGuardConfig, situations: Situations | None = None) -> None:
         self._cfg = cfg
-        self._masks = masks
+        self._situations = situations or Situations()
         self._targets = TargetRule(overrides=cfg.targets)
         self._failures = FailureRule(cfg.failure_patterns) if cfg.max_failures else None
         self._ignore = frozenset(DEFAULT_IGNORE_ARGS)
@@ -200,7 +201,9 @@ class TurnGuard:
         paths: set[str] = set()  # plain (non-command) targets of the turn so far
         run, step, flags = 0, -1, []
         trips: list[Trip] = []
-        judge = RepeatJudge(self._masks) if cfg.progress_aware else None
+        judge = None
+        if cfg.progress_aware:
+            judge = RepeatJudge(self._situations.masks, self._situations.epochs(calls))
         for index, facts in enumerate(annotate(calls, self._targets, self._failures), 1):
             call, target = facts.call, facts.target
             if call.step != step:
@@ -208,7 +211,7 @@ class TurnGuard:
             flags.append(facts.failed)
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
             # progress (seen before, new result) does not count as the same call again
-            counted = judge is None or judge.repeats(key, call.result) or key not in same_call
+            counted = judge is None or judge.repeats(key, call.result, index - 1) or key not in same_call
             if counted:
                 same_call[key] += 1
             t_key, t_count = None, 0

@@ -1,0 +1,252 @@
+"""What a tool call may change (issue 10, DESIGN §2.2): "the same call getting the same result,
+with nothing in between that could have changed it" is evidence of a loop; a repeat with
+state-changing calls in between (``cp x.orig x`` between fix attempts, ``git diff`` after every
+edit) is not.
+
+Rules:
+- A call is **read-only** when
+  - its tool matches ``read_only_tools`` (extra patterns; DESIGN §6 pattern syntax), or its name
+    says so: split into words (``read_file``, ``WebFetch``, ``mcp__fs__read_text``), it has a word
+    of :data:`READ_VERBS` and none of :data:`WRITE_VERBS`, and it is not in
+    ``state_changing_tools``;
+  - a multiplexed tool (:func:`proxy.targets.subcommand`: ``str_replace_editor {"command":
+    "view"}``) is read-only when its subcommand is in :data:`READ_SUBCOMMANDS`, whatever its name;
+  - a shell call (a ``command``/``cmd`` argument holding a command line) is read-only when every
+    simple command of it (split on ``&&``, ``||``, ``;``, ``|``, newlines) runs a program of
+    ``read_only_commands`` (``cat``, ``grep``, ``sed`` without ``-i``, ``git diff``, …) and nothing
+    writes: no output redirection other than to ``/dev/null`` or another descriptor, no ``tee``,
+    no ``find -delete``/``-exec``, no heredoc.
+  Anything else may change state (unknown tools and programs included: precision first).
+- A call **changes the situation** when it may change state, its result is not a failure and not a
+  user's rejection (a rejected edit changed nothing), and it is *novel*: no earlier call with the
+  same tool and canonical arguments got the same result (masked, :mod:`proxy.progress`). A second
+  identical write with the same result leaves the state as the first one did.
+- :func:`epochs` numbers the situations: ``before[i]`` is how many calls changed the situation
+  before call *i*; ``after[i]`` includes call *i* itself. A later call *C* repeats an earlier
+  call *P* "with nothing in between that could have changed it" when ``before[C] == after[P]``.
+
+Pure; never raises on odd arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.canonical import canonical_arguments
+from proxy.failures import FailureRule, edge_text
+from proxy.patterns import NamePatterns
+from proxy.progress import DEFAULT_MASKS, Masks, same_result
+from proxy.targets import COMMAND_ARGS, own_command, subcommand
+from proxy.transcript import ToolCall
+
+#: Words of a tool name that mark it as reading (with none of :data:`WRITE_VERBS`).
+READ_VERBS = frozenset(
+    (
+        "read", "view", "open", "goto", "scroll", "search", "find", "grep", "glob", "ls", "list", "get",
+        "cat", "fetch", "show", "look", "inspect", "describe", "think", "status", "query", "lookup",
+        "head", "tail", "browse", "navigate",
+    )
+)
+#: Words of a tool name that mark it as possibly writing, whatever else it says.
+WRITE_VERBS = frozenset(
+    (
+        "write", "edit", "create", "delete", "remove", "rm", "update", "set", "put", "post", "apply",
+        "replace", "insert", "move", "mv", "rename", "run", "exec", "execute", "bash", "shell", "sh",
+        "cmd", "terminal", "install", "commit", "push", "patch", "save", "append", "send", "submit",
+        "kill", "start", "stop", "restart", "upload", "modify", "change", "make", "mkdir", "touch",
+        "copy", "cp", "clear", "reset",
+    )
+)
+#: Subcommands of multiplexed tools that only read.
+READ_SUBCOMMANDS = frozenset(
+    (
+        "view", "read", "show", "list", "get", "search", "find", "status", "diff", "cat", "open",
+        "print", "info", "help", "log",
+    )
+)
+#: Programs whose runs only read (a shell call is read-only when every simple command runs one).
+DEFAULT_READ_ONLY_COMMANDS: tuple[str, ...] = (
+    "cat", "head", "tail", "less", "more", "grep", "egrep", "fgrep", "rg", "ag", "ack", "find",
+    "ls", "tree", "pwd", "wc", "nl", "sed", "sort", "uniq", "cut", "diff", "cmp", "file",
+    "stat", "du", "df", "which", "whereis", "type", "echo", "printf", "true", "test", "basename",
+    "dirname", "realpath", "readlink", "date", "printenv", "id", "whoami", "uname",
+    "hostname", "cd", "git", "jq", "xxd", "od", "hexdump", "md5sum", "sha256sum", "column", "tr",
+    "fold", "rev", "seq", "sleep", "ps", "top", "free", "uptime", "lsof", "history", "man",
+)
+#: Tools that change nothing outside the agent (plans, todo lists, thinking), read-only by default.
+DEFAULT_READ_ONLY_TOOLS: tuple[str, ...] = (
+    "todo*", "Todo*", "*_todo*", "*Todo*", "update_plan", "think", "Think", "ask_user_question",
+)
+#: ``git`` subcommands that only read.
+GIT_READ = frozenset(
+    (
+        "status", "diff", "log", "show", "blame", "grep", "ls-files", "ls-tree", "rev-parse",
+        "describe", "shortlog", "reflog", "cat-file",
+    )
+)
+
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+_SEGMENTS = re.compile(r"&&|\|\||[;|\n]")
+_REDIRECT = re.compile(r"(?<![<>&\d])(?:\d?>>?|&>)\s*(?!&|/dev/null\b)(\S+)")
+_ASSIGN = re.compile(r"^[A-Za-z_]\w*=\S*$")
+_QUOTED = re.compile(r"'[^']*'|\"(?:[^\"\\\\]|\\\\.)*\"")
+
+
+def name_words(tool: str) -> list[str]:
+    """Lower-case words of a tool name: ``mcp__fs__readText`` → ``["mcp", "fs", "read", "text"]``."""
+    return [w.lower() for w in _WORDS.findall(tool)]
+
+
+def shell_read_only(command: str, programs: frozenset[str]) -> bool:
+    """True when every simple command of ``command`` runs one of ``programs`` and nothing in it
+    writes (see the module docstring). Quoted text is not looked into (``grep "a|b"`` is one
+    command); ``$(…)`` and backquotes make it not read-only."""
+    command = _QUOTED.sub("Q", command)
+    if "<<" in command or "`" in command or "$(" in command or _REDIRECT.search(command):
+        return False
+    for segment in _SEGMENTS.split(command):
+        words = segment.split()
+        while words and _ASSIGN.match(words[0]):  # FOO=1 cmd
+            words.pop(0)
+        if not words:
+            continue
+        prog = words[0].rsplit("/", 1)[-1]
+        if prog not in programs:
+            return False
+        rest = words[1:]
+        if prog == "sed" and any(w.startswith("-i") or w.startswith("--in-place") for w in rest):
+            return False
+        if prog == "find" and any(w in ("-delete", "-exec", "-execdir", "-ok", "-fprint") for w in rest):
+            return False
+        if prog == "git":
+            sub = next((w for w in rest if not w.startswith("-")), "")
+            if sub not in GIT_READ:
+                return False
+    return True
+
+
+def command_line(value: Any) -> str | None:
+    """The shell command line of a ``command`` argument: a non-blank string, or an argv list
+    (Codex: ``["bash", "-lc", "git status"]`` → ``git status``; ``["ls", "-la"]`` → ``ls -la``)."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        if len(value) == 3 and value[0].rsplit("/", 1)[-1] in ("bash", "sh", "zsh") and value[1] in (
+            "-c",
+            "-lc",
+        ):
+            return value[2] if value[2].strip() else None
+        return " ".join(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRule:
+    """``EffectRule()(call) -> bool``: True when ``call`` may change state (not read-only).
+
+    ``read_only_tools`` / ``state_changing_tools``: extra tool-name patterns; ``read_only_commands``:
+    the programs of :func:`shell_read_only`."""
+
+    read_only_tools: tuple[str, ...] = DEFAULT_READ_ONLY_TOOLS
+    state_changing_tools: tuple[str, ...] = ()
+    read_only_commands: tuple[str, ...] = DEFAULT_READ_ONLY_COMMANDS
+
+    def may_change(self, name: str, arguments: Any) -> bool:
+        if NamePatterns(self.state_changing_tools).matches(name):
+            return True
+        if NamePatterns(self.read_only_tools).matches(name):
+            return False
+        sub = subcommand(arguments)
+        if sub is not None:
+            return sub not in READ_SUBCOMMANDS
+        if isinstance(arguments, dict):
+            for arg in COMMAND_ARGS:
+                value = command_line(arguments.get(arg))
+                if value is not None:
+                    if own_command(name, value):
+                        break  # SWE-agent style: the tool's own command line ("open a.py 10")
+                    return not shell_read_only(value, frozenset(self.read_only_commands))
+        words = set(name_words(name))
+        return not (words & READ_VERBS) or bool(words & WRITE_VERBS)
+
+    def __call__(self, call: ToolCall) -> bool:
+        return self.may_change(call.name, call.arguments)
+
+
+@dataclass(frozen=True, slots=True)
+class Epochs:
+    """``before[i]``/``after[i]``: situation numbers around call *i* (see the module docstring)."""
+
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+
+    def unchanged(self, earlier: int, later: int) -> bool:
+        """True when nothing between calls ``earlier`` and ``later`` (indexes) changed the
+        situation (``earlier``'s own effect included)."""
+        return self.before[later] == self.after[earlier]
+
+
+_last: tuple[Any, ...] | None = None
+
+
+def epochs(
+    calls: Sequence[ToolCall],
+    effects: EffectRule,
+    failures: FailureRule,
+    masks: Masks = DEFAULT_MASKS,
+    rejections: Sequence[re.Pattern[str]] = (),
+) -> Epochs:
+    """The situation numbers of ``calls`` (conversation order); ``rejections``: patterns that
+    mark a result as a user's rejection (searched in its edges, :func:`proxy.failures.edge_text`).
+    The last computation is remembered (every guard of one request asks for the same calls)."""
+    global _last
+    config = (effects, failures.patterns, masks, tuple(rejections))
+    if _last is not None and _last[0] is calls and _last[1] == config:
+        return _last[2]
+    before: list[int] = []
+    after: list[int] = []
+    seen: dict[tuple[str, str], list[Any]] = {}
+    n = 0
+    for call in calls:
+        before.append(n)
+        if effects(call) and failures(call.result) is not True and not _rejected(call, rejections):
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw))
+            results = seen.get(key)
+            if call.result is None or call.result.pending:  # judged by the previous pair
+                novel = results is None
+            else:
+                novel = results is None or not any(same_result(r, call.result, masks) for r in results)
+                seen.setdefault(key, []).append(call.result)
+                del seen[key][:-4]  # the last few results of a key are enough
+            if novel:
+                n += 1
+        after.append(n)
+    out = Epochs(tuple(before), tuple(after))
+    _last = (calls, config, out)
+    return out
+
+
+def _rejected(call: ToolCall, rejections: Sequence[re.Pattern[str]]) -> bool:
+    result = call.result
+    if not rejections or result is None or result.pending:
+        return False
+    edges = edge_text(result.text)
+    return any(r.search(edges) for r in rejections)
+
+
+@dataclass(frozen=True, slots=True)
+class Situations:
+    """What progress-aware guards need to tell a repeat from progress: the result ``masks``, the
+    ``effects`` rule and the ``failures`` rule (a failed call changed nothing). Built once from
+    the config (:func:`proxy.guards.build_guards`)."""
+
+    masks: Masks = DEFAULT_MASKS
+    effects: EffectRule = EffectRule()
+    failures: FailureRule = field(default_factory=FailureRule)
+    rejections: tuple[re.Pattern[str], ...] = ()
+
+    def epochs(self, calls: Sequence[ToolCall]) -> Epochs:
+        return epochs(calls, self.effects, self.failures, self.masks, self.rejections)
