@@ -13,7 +13,9 @@ whole name, case-sensitive, ``*`` the only wildcard). An exact name wins over a 
 among wildcard patterns the first listed wins. ``my_tool: []`` gives that tool no target.
 
 A tool whose ``command`` argument is its own command line (SWE-agent: ``edit {"command": "edit
-264:265\n…"}``) has the first line of it as target (issue 10: the region edited, not the new text).
+264:265\n…"}``, ``open {"command": "open a.py 232"}``) has the first line of it, line numbers and
+ranges dropped, as target (issue 10): ``edit``, ``open a.py``. Retried edits of the open file are
+calls on one target whatever lines they name; the text being written is not part of it.
 
 A target taken from a ``command`` or ``cmd`` argument is a *command target*; its
 :attr:`Target.words` are the words of the command (split on whitespace and the shell operators
@@ -50,6 +52,7 @@ COMMAND_ARGS = frozenset({"command", "cmd"})
 #: Argument names that can hold the subcommand of a multiplexed tool (:func:`subcommand`).
 SUBCOMMAND_ARGS = ("command", "action", "operation", "op", "subcommand", "mode")
 _SUBCOMMAND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_LINE_SPEC = re.compile(r"^\d+(?::\d+)?$")
 
 _SPACE = re.compile(r"\s+")
 _WORD_SPLIT = re.compile(r"[\s;&|<>()`]+")
@@ -158,7 +161,9 @@ class TargetRule:
             if name in arguments:
                 raw = arguments[name]
                 if name in COMMAND_ARGS and isinstance(raw, str) and own_command(tool, raw):
-                    raw = raw.strip().split("\n", 1)[0]  # "edit 264:265\n<new text>" → "edit 264:265"
+                    # "edit 264:265\n<new text>" → "edit"; "open a.py 232" → "open a.py"
+                    first = raw.strip().split("\n", 1)[0].split()
+                    raw = " ".join(w for w in first if not _LINE_SPEC.match(w))
                 value = normalize(raw)
                 if value is not None:
                     return Target(value, name)

@@ -33,6 +33,17 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     r"(?i:\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b)",
     # process ids: pid 4242, PID: 4242, pid=4242
     r"(?i:\bpid\b[\s:=#]*\d+)",
+    # line numbers and counts that shift when a file is edited above them (issue 10, defect 7):
+    # "(90 lines total)", "(216 more lines above)", a traceback's `File "x.py", line 19` and
+    # `(x.py, line 5)`, "error at/on line 5", a linter's `x.py:12:5:`. What the line says is never
+    # masked (a different error or line of code is still a new result), nor is a bare "line N"
+    # (a job reporting "processing line 1200" is making progress), nor grep's `x.py:12:` hits.
+    r"\d+(?= lines total\b)",
+    r"\d+(?= more lines (?:above|below)\b)",
+    r"(?<=, line )\d+\b",
+    r"(?<= at line )\d+\b",
+    r"(?<= on line )\d+\b",
+    r"(?<=\.py:)\d+(?=:\d+:)",
 )
 
 

@@ -58,6 +58,22 @@ def r(text: str, is_error: bool | None = None, pending: bool = False) -> ToolRes
         ("container 0x7ffd3a", f"container {MASK}"),
         ("started pid 4242", f"started {MASK}"),
         ("PID: 17 exited", f"{MASK} exited"),
+        # issue 10, defect 7: line numbers and counts that shift when a file is edited
+        ("[File: /app/config.py (90 lines total)]", f"[File: /app/config.py ({MASK} lines total)]"),
+        ("(216 more lines above)", f"({MASK} more lines above)"),
+        ('  File "reproduce.py", line 19, in <module>', f'  File "reproduce.py", line {MASK}, in <module>'),
+        (
+            "SyntaxError: invalid syntax (models.py, line 88)",
+            f"SyntaxError: invalid syntax (models.py, line {MASK})",
+        ),
+        (
+            "IndentationError: expected an indented block after 'for' statement on line 879",
+            f"IndentationError: expected an indented block after 'for' statement on line {MASK}",
+        ),
+        (
+            "x.py:12:5: E999 IndentationError: unexpected indent",
+            f"x.py:{MASK}:5: E999 IndentationError: unexpected indent",
+        ),
     ],
 )
 def test_default_masks_hide_volatile_spans(text: str, masked: str) -> None:
@@ -73,10 +89,55 @@ def test_default_masks_hide_volatile_spans(text: str, masked: str) -> None:
         "deadbeef and facade are words",  # hex-looking words without digits
         "line 1234567 of the log",  # long decimal numbers are not hex ids
         "src/errors.py:10: class ErrorHandler",
+        "processing line 1200 of 5000",  # a bare line number can be progress
+        "217:        rather configuration defaults.",  # a numbered file line (SWE-agent's viewer)
     ],
 )
 def test_default_masks_keep_meaningful_text(text: str) -> None:
     assert mask(text, DEFAULT_MASKS) == text
+
+
+TB = (
+    "Traceback (most recent call last):\n"
+    '  File "x.py", line {line}, in <module>\n'
+    "NameError: name '{name}' is not defined"
+)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        pytest.param(
+            TB.format(line=19, name="y"),
+            TB.format(line=21, name="y"),
+            True,
+            id="same_error_moved_down_two_lines",
+        ),
+        pytest.param(
+            "[File: a.py (90 lines total)]\nERRORS:\n- E999 IndentationError: unexpected indent",
+            "[File: a.py (91 lines total)]\nERRORS:\n- E999 IndentationError: unexpected indent",
+            True,
+            id="same_lint_error_one_line_longer_file",
+        ),
+        pytest.param(
+            TB.format(line=19, name="y"),
+            TB.format(line=19, name="z"),
+            False,
+            id="a_different_error_is_progress",
+        ),
+        pytest.param(
+            "[File: a.py (90 lines total)]\n88:    return x\n89:",
+            "[File: a.py (91 lines total)]\n88:    return y\n89:",
+            False,
+            id="different_code_is_progress",
+        ),
+        pytest.param("processing line 1200", "processing line 1300", False, id="a_job_moving_on_is_progress"),
+    ],
+)
+def test_line_number_noise_is_not_progress_but_content_is(a: str, b: str, same: bool) -> None:
+    """Issue 10, defect 7: two errors alternating with only line numbers changing are the same
+    results; any change in what a line says is a new result."""
+    assert same_result(r(a), r(b), DEFAULT_MASKS) is same
 
 
 def test_same_result_after_masking_and_never_for_unknown_results() -> None:

@@ -170,9 +170,10 @@ class RepeatedFailure:
                 elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
                     count = runs[on]
                     target = preview(where, 120) if where else ""
+                    on_target = target and target != call.name  # SWE-agent's "edit" is its own target
                     text = FAILING_TEXT.format(
-                        subject=f"{call.name} on {target}" if target else call.name,
-                        about=f" about {target}" if target else "",
+                        subject=f"{on[0]} on {target}" if on_target else on[0],
+                        about=f" about {target}" if on_target else "",
                         count=count,
                         error=self.error_line(call.result),
                     )
