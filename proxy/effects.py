@@ -31,6 +31,7 @@ Pure; never raises on odd arguments.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,21 +144,39 @@ def command_line(value: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
 class EffectRule:
     """``EffectRule()(call) -> bool``: True when ``call`` may change state (not read-only).
 
     ``read_only_tools`` / ``state_changing_tools``: extra tool-name patterns; ``read_only_commands``:
-    the programs of :func:`shell_read_only`."""
+    the programs of :func:`shell_read_only`. Verdicts are memoized per (tool, arguments string):
+    an agent's old calls come back on every request. Equal when configured alike."""
 
-    read_only_tools: tuple[str, ...] = DEFAULT_READ_ONLY_TOOLS
-    state_changing_tools: tuple[str, ...] = ()
-    read_only_commands: tuple[str, ...] = DEFAULT_READ_ONLY_COMMANDS
+    __slots__ = ("_changing", "_memo", "_programs", "_read_only", "config")
+
+    MEMO_ENTRIES = 8192
+
+    def __init__(
+        self,
+        read_only_tools: Sequence[str] = DEFAULT_READ_ONLY_TOOLS,
+        state_changing_tools: Sequence[str] = (),
+        read_only_commands: Sequence[str] = DEFAULT_READ_ONLY_COMMANDS,
+    ) -> None:
+        self.config = (tuple(read_only_tools), tuple(state_changing_tools), tuple(read_only_commands))
+        self._read_only = NamePatterns(self.config[0])
+        self._changing = NamePatterns(self.config[1])
+        self._programs = frozenset(self.config[2])
+        self._memo: OrderedDict[tuple[str, str], bool] = OrderedDict()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EffectRule) and other.config == self.config
+
+    def __hash__(self) -> int:
+        return hash(self.config)
 
     def may_change(self, name: str, arguments: Any) -> bool:
-        if NamePatterns(self.state_changing_tools).matches(name):
+        if self._changing.matches(name):
             return True
-        if NamePatterns(self.read_only_tools).matches(name):
+        if self._read_only.matches(name):
             return False
         sub = subcommand(arguments)
         if sub is not None:
@@ -168,12 +187,21 @@ class EffectRule:
                 if value is not None:
                     if own_command(name, value):
                         break  # SWE-agent style: the tool's own command line ("open a.py 10")
-                    return not shell_read_only(value, frozenset(self.read_only_commands))
+                    return not shell_read_only(value, self._programs)
         words = set(name_words(name))
         return not (words & READ_VERBS) or bool(words & WRITE_VERBS)
 
     def __call__(self, call: ToolCall) -> bool:
-        return self.may_change(call.name, call.arguments)
+        raw = call.arguments_raw
+        if not isinstance(raw, str):
+            return self.may_change(call.name, call.arguments)
+        key = (call.name, raw)
+        verdict = self._memo.get(key)
+        if verdict is None:
+            verdict = self._memo[key] = self.may_change(call.name, call.arguments)
+            if len(self._memo) > self.MEMO_ENTRIES:
+                self._memo.popitem(last=False)
+        return verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +240,7 @@ def epochs(
     n = 0
     for call in calls:
         before.append(n)
-        if effects(call) and failures(call.result) is not True and not _rejected(call, rejections):
+        if effects(call):
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw))
             results = seen.get(key)
             if call.result is None or call.result.pending:  # judged by the previous pair
@@ -221,7 +249,8 @@ def epochs(
                 novel = results is None or not any(same_result(r, call.result, masks) for r in results)
                 seen.setdefault(key, []).append(call.result)
                 del seen[key][:-4]  # the last few results of a key are enough
-            if novel:
+            # classified only when it matters: a failed or rejected call changed nothing
+            if novel and failures(call.result) is not True and not _rejected(call, rejections):
                 n += 1
         after.append(n)
     out = Epochs(tuple(before), tuple(after))
@@ -244,7 +273,7 @@ class Situations:
     the config (:func:`proxy.guards.build_guards`)."""
 
     masks: Masks = DEFAULT_MASKS
-    effects: EffectRule = EffectRule()
+    effects: EffectRule = field(default_factory=EffectRule)
     failures: FailureRule = field(default_factory=FailureRule)
     rejections: tuple[re.Pattern[str], ...] = ()
 

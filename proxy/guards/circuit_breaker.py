@@ -41,6 +41,7 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
@@ -48,7 +49,7 @@ from proxy.config import CircuitBreakerConfig
 from proxy.effects import Situations
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
-from proxy.transcript import Transcript
+from proxy.transcript import ToolCall, Transcript
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
@@ -100,7 +101,9 @@ class CircuitBreaker:
         guarded = 0
         executed = 0
         judge = None
-        guarded_calls = [c for c in transcript.calls if self.guarded(c.name)]
+        guarded_calls: Sequence[ToolCall] = [c for c in transcript.calls if self.guarded(c.name)]
+        if len(guarded_calls) == len(transcript.calls):
+            guarded_calls = transcript.calls  # the same object: the epochs of the request are reused
         if cfg.progress_aware:  # unguarded calls are ignored entirely: they change no situation
             judge = RepeatJudge(self._situations.masks, self._situations.epochs(guarded_calls))
         keep_sole = not cfg.ignore_sole_args

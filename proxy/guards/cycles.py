@@ -67,7 +67,7 @@ def _block_period_is(block: Sequence[tuple[str, str]], period: int) -> bool:
 class Cycles:
     """Guard callable: ``Cycles(cfg)(transcript, ctx) -> list[Remind | Withhold]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_situations", "_targets")
+    __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_targets")
 
     name = RULE
 
@@ -81,9 +81,23 @@ class Cycles:
         self._cfg = cfg
         self._delivery = delivery
         self._situations = situations or Situations()
+        self._memo: dict[tuple[str, str], tuple[str, str]] = {}
         self._targets = targets or TargetRule()
 
     def identity(self, call: ToolCall) -> tuple[str, str]:
+        """(tool, target) of ``call`` (memoized per tool and arguments string)."""
+        raw = call.arguments_raw
+        if not isinstance(raw, str):
+            return self._identity(call)
+        key = (call.name, raw)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._identity(call)
+            if len(self._memo) > 8192:
+                self._memo.clear()
+        return found
+
+    def _identity(self, call: ToolCall) -> tuple[str, str]:
         target = self._targets(call.name, call.arguments)
         if target is not None:
             where = target.value if target.is_command else path_key(target.value)

@@ -29,6 +29,7 @@ do not reset, because harnesses answer a reply they dislike with a user message)
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -59,7 +60,10 @@ SAME_ANSWER = (
 _SPACE = re.compile(r"\s+")
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize(text: str) -> str:
+    """``text`` with runs of whitespace made one space, trimmed (memoized: a conversation's old
+    messages come back on every request)."""
     return _SPACE.sub(" ", text).strip()
 
 

@@ -86,6 +86,8 @@ class RepeatReminder:
         count = 0
         judge = None
         tracked = [c for c in transcript.calls if self.tracked(c.name)]
+        if len(tracked) == len(transcript.calls):
+            tracked = transcript.calls  # the same object: the epochs of the request are reused
         if cfg.progress_aware:  # untracked calls are transparent: they change no situation either
             judge = RepeatJudge(self._situations.masks, self._situations.epochs(tracked))
         for index, call in enumerate(tracked):

@@ -68,6 +68,7 @@ class RepeatedFailure:
         "_delivery",
         "_failures",
         "_ignore",
+        "_memo",
         "_patterns",
         "_rejections",
         "_situations",
@@ -87,6 +88,7 @@ class RepeatedFailure:
         situations: Situations | None = None,
     ) -> None:
         self._situations = situations or Situations()
+        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._cfg = cfg
         self._delivery = delivery
         self._targets = targets or TargetRule()
@@ -102,7 +104,20 @@ class RepeatedFailure:
         return any(r.search(edges) for r in self._rejections)
 
     def _on(self, call: ToolCall) -> tuple[str, str | None]:
-        """(tool, target) of ``call``; the target None when it has none."""
+        """(tool, target) of ``call``; the target None when it has none (memoized per tool and
+        arguments string)."""
+        raw = call.arguments_raw
+        if not isinstance(raw, str):
+            return self._on_uncached(call)
+        key = (call.name, raw)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._on_uncached(call)
+            if len(self._memo) > 8192:
+                self._memo.clear()
+        return found
+
+    def _on_uncached(self, call: ToolCall) -> tuple[str, str | None]:
         target = self._targets(call.name, call.arguments)
         sub = subcommand(call.arguments)
         name = f"{call.name} {sub}" if sub else call.name
