@@ -2,12 +2,14 @@
 
 - :class:`Remind` inserts a reminder after the tool results of a step (``after`` = message index
   of the step's last tool result); ``delivery`` is ``"user"`` (a new user message) or
-  ``"tool_suffix"`` (appended to that tool result).
+  ``"tool_suffix"`` (appended to that tool result); ``call`` is the ``seq`` of the call it is
+  about (None for reminders about text or time), read by the escalation ladder.
 - :class:`Withhold` replaces the content of the tool result at message index ``position``;
   ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
   or ``"cap"``), for stats and the incident log.
 - :class:`Stop` (response side) ends the agent's turn; ``reason`` is ``"denials"`` (a call the
-  guards would deny after ignored denials) or ``"cap"`` (the lifetime cap).
+  guards would deny after ignored denials), ``"cap"`` (the lifetime cap), ``"monologue"`` or
+  ``"escalation"`` (a call the escalation ladder withholds again).
 - :class:`Cut` (response side) shortens a response: ``rule`` ``"runaway"`` (``reason`` ``"calls"``
   or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
@@ -34,6 +36,7 @@ class Remind:
     limit: int | None
     fresh: bool
     delivery: Delivery = "user"
+    call: int | None = None
     kind: ClassVar[str] = "remind"
 
 

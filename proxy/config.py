@@ -332,6 +332,42 @@ class EchoLoopConfig:
 
 
 @dataclass(frozen=True)
+class SameTargetConfig:
+    """R3 (issue 10): consecutive calls on one tool and target with changing arguments and an
+    unchanged result (:mod:`proxy.guards.same_target`): a reminder when the run's length equals
+    a threshold. Advisory."""
+
+    enabled: bool = True
+    thresholds: tuple[int, ...] = (3, 5, 8)
+
+    def check(self, path: str) -> None:
+        key = f"{path}.thresholds"
+        if not self.thresholds:
+            raise ConfigError(key, "must not be empty")
+        if any(t < 2 for t in self.thresholds):
+            raise ConfigError(key, "every threshold must be an integer >= 2")
+        if len(set(self.thresholds)) != len(self.thresholds):
+            raise ConfigError(key, "thresholds must not repeat")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "thresholds", tuple(sorted(self.thresholds)))
+
+
+@dataclass(frozen=True)
+class EscalationConfig:
+    """The escalation ladder (issue 10, DESIGN §2.2, :mod:`proxy.guards.escalation`): after
+    ``after_reminders`` reminders in a turn about calls to one tool on one target, the next such
+    call that gets nothing new is withheld; with ``stop``, a further one ends the turn."""
+
+    enabled: bool = True
+    after_reminders: int = 2
+    stop: bool = True
+
+    def check(self, path: str) -> None:
+        _check_range(self, path, "after_reminders", 1)
+
+
+@dataclass(frozen=True)
 class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
@@ -341,6 +377,8 @@ class GuardsConfig:
     repeated_failure: RepeatedFailureConfig = field(default_factory=RepeatedFailureConfig)
     monologue: MonologueConfig = field(default_factory=MonologueConfig)
     echo_loop: EchoLoopConfig = field(default_factory=EchoLoopConfig)
+    same_target: SameTargetConfig = field(default_factory=SameTargetConfig)
+    escalation: EscalationConfig = field(default_factory=EscalationConfig)
 
 
 @dataclass(frozen=True)
@@ -397,8 +435,9 @@ class StopConfig:
     ``after_ignored_denials``: stop when the response has a call the guards would deny and the
     turn already has this many withheld results (0 = off). ``on_cap``: stop when a call would pass
     the circuit breaker's lifetime cap. ``message``: a template with ``{tool}``, ``{count}``,
-    ``{limit}``, ``{kind}`` (``denials`` | ``cap`` | ``monologue``), ``{denials}``; empty = the
-    built-in text for each kind (``monologue``: ``guards.monologue.stop_at``).
+    ``{limit}``, ``{kind}`` (``denials`` | ``cap`` | ``monologue`` | ``escalation``),
+    ``{denials}``; empty = the built-in text for each kind (``monologue``:
+    ``guards.monologue.stop_at``; ``escalation``: ``guards.escalation``).
     """
 
     after_ignored_denials: int = 2

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from proxy.actions import Action, Cut, Stop, Withhold
+from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.assemble import AssembledCall
 from proxy.canonical import canonical_arguments, parse_arguments
 from proxy.config import Config, ResponseConfig, StopConfig
@@ -49,6 +49,8 @@ from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard, evaluate
 from proxy.guards.circuit_breaker import CAP
 from proxy.guards.circuit_breaker import RULE as BREAKER
+from proxy.guards.escalation import RULE as ESCALATION_RULE
+from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
@@ -72,6 +74,14 @@ CAP_TEXT = (
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
+#: Stop kind (issue 10): the escalation ladder would withhold a call again after it withheld one.
+ESCALATION = "escalation"
+ESCALATION_TEXT = (
+    "[loopguard] Stopped: the model kept calling {tool} after {limit} reminders and a withheld "
+    "result that said it was not getting anywhere, so loopguard ended its turn here; that last "
+    "call was not run. Send a message to continue."
+)
+
 #: Stop kind (issue 7): the response repeats the same text as the assistant messages before it.
 MONOLOGUE = "monologue"
 MONOLOGUE_TEXT = (
@@ -84,7 +94,7 @@ MONOLOGUE_TEXT = (
 def stop_template(cfg: StopConfig, kind: str) -> str:
     if cfg.message:
         return cfg.message
-    return {CAP: CAP_TEXT, MONOLOGUE: MONOLOGUE_TEXT}.get(kind, DENIALS_TEXT)
+    return {CAP: CAP_TEXT, MONOLOGUE: MONOLOGUE_TEXT, ESCALATION: ESCALATION_TEXT}.get(kind, DENIALS_TEXT)
 
 
 def call_key(call: AssembledCall) -> tuple[str, str]:
@@ -133,6 +143,7 @@ class StopJudge:
         "_cap",
         "_cfg",
         "_ctx",
+        "_escalated",
         "_guards",
         "_monologue",
         "_transcript",
@@ -152,7 +163,9 @@ class StopJudge:
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
-        self._ctx = ctx
+        # the escalation ladder reads the reminders: those of the request (the answer's own step
+        # has none yet), since reminder-only guards are not asked again
+        self._ctx = dataclasses.replace(ctx, prior=tuple(a for a in request_actions if isinstance(a, Remind)))
         self._cfg = cfg.stop
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
@@ -167,13 +180,20 @@ class StopJudge:
         self.withheld = len(
             {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
         )
+        # escalation (issue 10): a withheld result of the ladder in this turn makes the next one a stop
+        ladder = next((g for g in guards if isinstance(g, Escalation) and g.config.stop), None)
+        self._escalated = ladder is not None and any(
+            isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
+            for a in request_actions
+        )
 
     @staticmethod
     def enabled(cfg: Config) -> bool:
         breaker = cfg.guards.circuit_breaker
         cap = cfg.stop.on_cap and breaker.enabled and breaker.max_calls_per_agent > 0
         monologue = cfg.guards.monologue.enabled and cfg.guards.monologue.stop_at > 0
-        return cfg.stop.after_ignored_denials > 0 or cap or monologue
+        ladder = cfg.guards.escalation.enabled and cfg.guards.escalation.stop
+        return cfg.stop.after_ignored_denials > 0 or cap or monologue or ladder
 
     def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
         """``calls``: the response's tool calls; ``text``: its content (for the monologue stop)."""
@@ -181,7 +201,7 @@ class StopJudge:
             return self._monologue_stop(calls, text) if self.on_text_only else None
         by_denials = 0 < self._after <= self.withheld
         by_cap = 0 < self._cap < len(self._transcript.calls) + len(calls)
-        if not (by_denials or by_cap):
+        if not (by_denials or by_cap or self._escalated):
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
         denied = sorted(
@@ -192,6 +212,9 @@ class StopJudge:
         capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
         if by_cap and capped:
             return self._stop(CAP, capped[0], capped[0].limit)
+        laddered = [a for a in denied if a.rule == ESCALATION_RULE]
+        if self._escalated and laddered:
+            return self._stop(ESCALATION, laddered[0], laddered[0].limit)
         if by_denials and denied:
             return self._stop(DENIALS, denied[0], self._after)
         return self._monologue_stop(calls, text)

@@ -170,6 +170,18 @@ class TargetRule:
         return None
 
 
+def call_on(rule: TargetRule, name: str, arguments: Any) -> tuple[str, str | None]:
+    """What a call is on, for rules that follow one tool on one target (repeated_failure, the
+    escalation ladder): (tool name with its :func:`subcommand`, target as :func:`path_key` for a
+    path, the command text for a command; None when the call has no target)."""
+    target = rule(name, arguments)
+    sub = subcommand(arguments)
+    tool = f"{name} {sub}" if sub else name
+    if target is None:
+        return tool, None
+    return tool, target.value if target.is_command else path_key(target.value)
+
+
 def own_command(tool: str, command: str) -> bool:
     """True when ``command`` is the tool's own command line (SWE-agent's ``edit`` tool called with
     ``{"command": "edit 264:265\\n…\\nend_of_edit"}``): its target is the command's first line (the

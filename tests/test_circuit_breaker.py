@@ -92,10 +92,11 @@ def test_twenty_identical_calls_withhold_results_of_calls_7_to_20() -> None:
 
 
 def test_twenty_identical_calls_body_with_both_guards_default_config() -> None:
-    """Default config: reminders at calls 3, 5, 8 are inserted (shifting indexes) and the results
-    of calls 7–20 are replaced; calls 1–6 keep theirs."""
+    """Default config without the escalation ladder (it would withhold call 6 too:
+    tests/test_escalation.py): reminders at calls 3, 5, 8 are inserted (shifting indexes) and the
+    results of calls 7–20 are replaced; calls 1–6 keep theirs."""
     messages = conversation([("read_file", '{"path": "app.py"}')] * 20)
-    decision = decide(messages)
+    decision = decide(messages, {"guards": {"escalation": {"enabled": False}}})
     sent = orjson.loads(decision.body)["messages"]
     assert len(sent) == 41 + 3
     assert [i for i, m in enumerate(sent) if m["role"] == "user"] == [0, 7, 12, 19]
@@ -375,6 +376,7 @@ def test_defaults() -> None:
         "RepeatReminder",
         "CircuitBreaker",
         *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # issue 7
+        *("SameTarget", "Escalation"),  # issue 10
     ]
 
 

@@ -75,8 +75,12 @@ def lines(path: Path) -> list[dict[str, Any]]:
 async def test_sdk_loop_20_calls(upstream: FakeUpstream, make_proxy, tmp_path: Path, stream: bool) -> None:
     path = tmp_path / "incidents.jsonl"
     # The response-side stop would end this loop at call 9 (tests/test_response_e2e.py): off here.
+    # The escalation ladder would withhold call 6 first (tests/test_escalation.py): off here too.
     base = await make_proxy(
-        {"guards": {"circuit_breaker": {"incident_log": str(path)}}, "stop": {"after_ignored_denials": 0}}
+        {
+            "guards": {"circuit_breaker": {"incident_log": str(path)}, "escalation": {"enabled": False}},
+            "stop": {"after_ignored_denials": 0},
+        }
     )
     client = AsyncOpenAI(
         base_url=f"{base}/v1", api_key="sk-test", default_headers={"x-session-id": "agent-7"}
@@ -119,7 +123,9 @@ async def test_client_retry_sends_identical_bytes_and_no_second_incident(
     upstream: FakeUpstream, make_proxy, tmp_path: Path
 ) -> None:
     path = tmp_path / "incidents.jsonl"
-    base = await make_proxy({"guards": {"circuit_breaker": {"incident_log": str(path)}}})
+    base = await make_proxy(
+        {"guards": {"circuit_breaker": {"incident_log": str(path)}, "escalation": {"enabled": False}}}
+    )
     client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test")
     messages = await agent_loop(client, 7, stream=False)
     await client.close()
@@ -155,7 +161,8 @@ async def test_restarted_proxy_rewrites_identically_and_logs_no_duplicate(
 ) -> None:
     path = tmp_path / "incidents.jsonl"
     config = {
-        "guards": {"circuit_breaker": {"incident_log": str(path)}},
+        # the escalation ladder would withhold call 6 (tests/test_escalation.py): off here
+        "guards": {"circuit_breaker": {"incident_log": str(path)}, "escalation": {"enabled": False}},
         "stop": {"after_ignored_denials": 0},  # the response-side stop would end the loop at 9
     }
     async with serve(config, upstream.url) as (base, _):

@@ -54,7 +54,15 @@ SEED = {
         "circuit_breaker": {"progress_aware": False, "duplicate_limit": 6},
         **{
             g: {"enabled": False}
-            for g in ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop", "turn_guard")
+            for g in (
+                "recurrence",
+                "cycles",
+                "repeated_failure",
+                "monologue",
+                "echo_loop",
+                "turn_guard",
+                "escalation",
+            )
         },
     },
     "stop": {"after_ignored_denials": 2},

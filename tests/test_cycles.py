@@ -148,6 +148,7 @@ def test_reminder_and_withhold_texts_and_positions() -> None:
         count=3,
         limit=3,
         fresh=False,
+        call=5,
     )
     assert withhold == Withhold(
         position=h.result_position(8),

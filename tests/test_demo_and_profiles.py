@@ -29,12 +29,33 @@ def _events(out: str) -> list[tuple[int, str]]:
     return events
 
 
-async def test_demo_prints_reminders_at_3_5_8_denials_from_7_and_the_stop_at_9(
+async def test_demo_prints_reminders_at_3_5_the_ladder_withholds_6_and_stops_7(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The scripted model would loop 20 times; with the defaults the stop ends the agent's loop
-    at its 9th call (2 withheld results ignored in the turn)."""
+    """The scripted model would loop 20 times; with the defaults the escalation ladder withholds
+    the 6th result (2 reminders ignored, the same result again) and ends the agent's loop at its
+    7th call."""
     assert await run_demo(Config()) == 0
+    out = capsys.readouterr().out
+    assert _events(out) == [(3, "injected"), (5, "injected"), (6, "withheld"), (7, "stopped")]
+    assert "| - consecutive_calls: 5" in out
+    assert out.count('assistant calls read_file {"path": "config.yaml"}') == 6
+    assert 'step 7  the model called read_file {"path": "config.yaml"} again' in out
+    assert "| [loopguard] The result of this call is withheld: you were reminded 2 times in this turn" in out
+    assert "| [loopguard] Stopped: the model kept calling read_file after 2 reminders and a withheld" in out
+    assert "assistant: I read config.yaml several times" not in out
+    assert '"reminders_injected":2' in out
+    assert '"results_withheld":1' in out
+    assert '"stops":1' in out
+    assert '"per_rule":{"escalation":1,"repeat_reminder":2,"stop":1}' in out
+
+
+async def test_demo_without_the_ladder_reminds_at_3_5_8_denies_from_7_and_stops_at_9(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With the escalation ladder off, the circuit breaker's denials and the stop after 2 ignored
+    denials end the loop at the 9th call."""
+    assert await run_demo(build(Config, {"guards": {"escalation": {"enabled": False}}})) == 0
     out = capsys.readouterr().out
     assert _events(out) == [
         (3, "injected"),
@@ -44,22 +65,14 @@ async def test_demo_prints_reminders_at_3_5_8_denials_from_7_and_the_stop_at_9(
         (8, "injected"),
         (9, "stopped"),
     ]
-    assert "| - consecutive_calls: 5" in out
-    assert "| - consecutive_calls: 8" in out
-    assert out.count('assistant calls read_file {"path": "config.yaml"}') == 8
-    assert 'step 9  the model called read_file {"path": "config.yaml"} again' in out
     assert "| [loopguard] Stopped: the model kept calling read_file (9 times) and ignored 2" in out
-    assert "assistant: I read config.yaml several times" not in out
-    assert '"reminders_injected":3' in out
-    assert '"results_withheld":2' in out
-    assert '"stops":1' in out
     assert '"per_rule":{"circuit_breaker":2,"repeat_reminder":3,"stop":1}' in out
 
 
 async def test_demo_without_the_stop_runs_until_the_model_gives_up(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cfg = build(Config, {"stop": {"after_ignored_denials": 0}})
+    cfg = build(Config, {"stop": {"after_ignored_denials": 0}, "guards": {"escalation": {"stop": False}}})
     await run_demo(cfg, steps=9)
     out = capsys.readouterr().out
     assert _events(out)[-1] == (9, "withheld")

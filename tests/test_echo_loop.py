@@ -119,4 +119,5 @@ def test_reminder_text() -> None:
         count=3,
         limit=3,
         fresh=True,
+        call=2,
     )

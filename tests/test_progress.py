@@ -305,8 +305,11 @@ def test_the_same_call_after_a_user_message_that_changes_the_situation() -> None
 
 def test_an_unchanged_result_after_six_is_withheld_only_results_the_model_already_has() -> None:
     h = History().steps([("run_tests", {}, f"1 failed in 0.{i}s") for i in range(1, 9)])
-    withheld = [a for a in decide(h) if isinstance(a, Withhold)]
+    withheld = [a for a in decide(h) if isinstance(a, Withhold) and a.rule == BREAKER]
     assert [(a.rule, a.count) for a in withheld] == [(BREAKER, 7), (BREAKER, 8)]
+    # the escalation ladder withholds from call 6: reminded at 3 and 5, the same result again
+    ladder = [a for a in decide(h) if isinstance(a, Withhold) and a.rule == "escalation"]
+    assert [(a.position, a.count) for a in ladder] == [(h.result_position(k), 2) for k in (6, 7, 8)]
 
 
 # --- the response side: a call without a result is judged by the previous pair -------------------

@@ -153,6 +153,7 @@ def test_reminder_position_text_and_freshness() -> None:
         count=3,
         limit=3,
         fresh=True,
+        call=4,
     )
     h.steps([LS])
     (again,) = guard()(transcript(h), None)

@@ -139,6 +139,7 @@ def test_failing_text_quotes_the_error_line() -> None:
         count=3,
         limit=3,
         fresh=True,
+        call=2,
     )
 
 

@@ -30,7 +30,13 @@ ARGS = '{"path": "app.py"}'
 
 
 def judge_for(messages: list[dict[str, Any]], config: dict[str, Any] | None = None) -> StopJudge:
-    cfg = build(Config, config or {})
+    """The stop judge for ``messages``; the escalation ladder is off unless ``config`` sets it
+    (these tests pin the denials and cap stops; the ladder's stop: tests/test_escalation.py)."""
+    config = dict(config or {})
+    guards_cfg = dict(config.get("guards") or {})
+    guards_cfg.setdefault("escalation", {"enabled": False})
+    config["guards"] = guards_cfg
+    cfg = build(Config, config)
     transcript = openai_chat.parse_request({"messages": messages})
     guards = build_guards(cfg.guards)
     ctx = Context(conversation="c")
@@ -314,6 +320,7 @@ def test_earlier_stops_found_in_history() -> None:
 
 def test_withheld_duplicates_are_what_the_stop_counts() -> None:
     t = openai_chat.parse_request({"messages": repeated_call_messages(8)})
-    actions = evaluate(t, build_guards(Config().guards), Context())
+    no_ladder = build(Config, {"guards": {"escalation": {"enabled": False}}})
+    actions = evaluate(t, build_guards(no_ladder.guards), Context())
     texts = [a.text for a in actions if getattr(a, "position", -1) in (14, 16)]
     assert texts == [DUPLICATE_TEXT.format(tool="read_file", count=k, limit=6) for k in (7, 8)]

@@ -29,7 +29,10 @@ from tests.sdk_agent import agent_loop, snapshot, turn
 CHAT = "/v1/chat/completions"
 RESULT = "print('hi')"
 STOP_TEXT = DENIALS_TEXT.format(tool="read_file", count=9, denials=2)
-NO_STOP = {"stop": {"after_ignored_denials": 0}}
+#: The denials stop is pinned here with the escalation ladder off (it would end these loops at the
+#: 7th call: tests/test_escalation.py).
+NO_LADDER: dict[str, Any] = {"guards": {"escalation": {"enabled": False}}}
+NO_STOP = {"stop": {"after_ignored_denials": 0}, "guards": {"escalation": {"stop": False}}}
 
 
 @pytest.fixture
@@ -46,7 +49,7 @@ async def agent() -> AsyncIterator[aiohttp.ClientSession]:
 async def test_sdk_agent_loop_ends_on_its_own_with_the_stop_text(
     upstream: FakeUpstream, sdk, stream: bool
 ) -> None:
-    client = await sdk(**{"x-session-id": "agent-1"})
+    client = await sdk(NO_LADDER, **{"x-session-id": "agent-1"})
     messages, steps, finish = await agent_loop(client, stream)
     assert steps == 9  # 8 calls run (7 and 8 withheld from the model), the 9th answer is the stop
     assert len(upstream.requests) == 9
@@ -73,7 +76,10 @@ async def test_user_continues_after_a_stop_guarded_afresh_and_one_incident(
     upstream: FakeUpstream, sdk, tmp_path: Path
 ) -> None:
     path = tmp_path / "incidents.jsonl"
-    client = await sdk({"guards": {"circuit_breaker": {"incident_log": str(path)}}}, **{"x-session-id": "s1"})
+    client = await sdk(
+        {"guards": {"circuit_breaker": {"incident_log": str(path)}, "escalation": {"enabled": False}}},
+        **{"x-session-id": "s1"},
+    )
     messages, steps, _ = await agent_loop(client, stream=True)
     assert steps == 9
     messages.append({"role": "user", "content": "Please try once more."})
@@ -99,7 +105,7 @@ async def test_stop_is_logged_in_the_request_line(
     saved = structlog.get_config()
     configure_logging("info")
     try:
-        base = await make_proxy()
+        base = await make_proxy(NO_LADDER)
         capfd.readouterr()
         body = orjson.dumps({"model": "m", "messages": repeated_call_messages(8)})
         async with agent.post(base + CHAT, data=body) as r:
@@ -423,7 +429,7 @@ async def test_sdk_parses_a_stop_after_content(upstream: FakeUpstream, sdk, stre
         return resp
 
     upstream.handler = handler
-    client = await sdk()
+    client = await sdk(NO_LADDER)
     msg, finish = await turn(client, repeated_call_messages(8), stream)
     assert (msg, finish) == ({"role": "assistant", "content": "Once more.\n\n" + STOP_TEXT}, "stop")
 

@@ -1,4 +1,5 @@
-"""Smoke: the official openai SDK as an unmodified agent loop gets reminders at 3, 5, 8."""
+"""Smoke: the official openai SDK as an unmodified agent loop gets reminders at 3, 5, 8 (with the
+escalation ladder off: on, it ends the loop at the 7th call, tests/test_escalation.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from tests.fakes import FakeUpstream
 
 
 async def test_sdk_loop_gets_reminders_at_3_5_8(upstream: FakeUpstream, make_proxy) -> None:
-    base = await make_proxy()
+    base = await make_proxy({"guards": {"escalation": {"enabled": False}}})
     client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test")
     messages: list[dict] = [{"role": "user", "content": "Read app.py"}]
     for _ in range(9):

@@ -31,4 +31,4 @@ def test_reminder_only_guards_never_withhold(path: Path) -> None:
 def test_stop_judge_asks_exactly_the_withholding_guards() -> None:
     transcript = parse_request({"messages": [{"role": "user", "content": "hi"}]})
     judge = StopJudge(transcript, (), GUARDS, Context(), Config())
-    assert [g.name for g in judge._guards] == ["circuit_breaker", "cycles"]
+    assert [g.name for g in judge._guards] == ["circuit_breaker", "cycles", "escalation"]

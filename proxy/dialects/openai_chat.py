@@ -153,15 +153,18 @@ def _append_text(content: Any, text: str) -> Any:
 def apply(body: dict[str, Any], actions: Sequence[Action]) -> bool:
     """Apply request-side actions to ``body`` in place. Returns True when anything changed.
 
-    Withholds are applied first (so a ``tool_suffix`` reminder is appended to the denial text),
-    then reminders, inserted from the highest position down so earlier positions stay valid.
+    Withholds are applied first (so a ``tool_suffix`` reminder is appended to the denial text);
+    when several guards withhold one result, the first in registry order gives the text. Then
+    reminders, inserted from the highest position down so earlier positions stay valid.
     Actions whose position does not exist are ignored.
     """
     messages = body["messages"]
     changed = False
+    replaced: set[int] = set()
     for a in actions:
-        if isinstance(a, Withhold) and 0 <= a.position < len(messages):
+        if isinstance(a, Withhold) and 0 <= a.position < len(messages) and a.position not in replaced:
             messages[a.position]["content"] = a.text
+            replaced.add(a.position)
             changed = True
     grouped: dict[int, list[Remind]] = {}
     for a in actions:

@@ -7,6 +7,7 @@ the same step).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,11 +18,13 @@ from proxy.failures import FailureRule, compile_pattern
 from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.cycles import Cycles
 from proxy.guards.echo_loop import EchoLoop
+from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
 from proxy.guards.narration import Narration
 from proxy.guards.recurrence import Recurrence
 from proxy.guards.repeat_reminder import RepeatReminder
 from proxy.guards.repeated_failure import RepeatedFailure
+from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
 from proxy.progress import DEFAULT_MASKS, Masks
 from proxy.state import ConversationState
@@ -39,6 +42,10 @@ class Context:
     conversation: str = ""
     now_ms: int = 0
     state: ConversationState | None = None
+    #: actions decided before this guard ran (for guards with ``reads_prior = True``: the
+    #: escalation ladder reads the reminders); the response-side stop check seeds it with the
+    #: request's actions
+    prior: tuple[Action, ...] = ()
 
 
 Guard = Callable[[Transcript, Context], list[Action]]
@@ -79,13 +86,20 @@ def build_guards(
         ),
         (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
         (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, masks)),
+        (cfg.same_target.enabled, lambda: SameTarget(cfg.same_target, inject, targets, situations)),
+        # issue 10: last, because it reads the reminders of every guard before it
+        (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
     return tuple(make() for enabled, make in registry if enabled)
 
 
 def evaluate(transcript: Transcript, guards: Sequence[Guard], ctx: Context) -> list[Action]:
-    """Run every guard over ``transcript``; their actions concatenated in registry order."""
+    """Run every guard over ``transcript``; their actions concatenated in registry order. A guard
+    with ``reads_prior = True`` gets ``ctx.prior`` plus the actions of the guards before it."""
     actions: list[Action] = []
     for guard in guards:
-        actions.extend(guard(transcript, ctx))
+        if getattr(guard, "reads_prior", False):
+            actions.extend(guard(transcript, dataclasses.replace(ctx, prior=(*ctx.prior, *actions))))
+        else:
+            actions.extend(guard(transcript, ctx))
     return actions

@@ -120,6 +120,7 @@ class RepeatReminder:
                     limit=count,
                     fresh=transcript.is_fresh(call.step),
                     delivery=cfg.inject_as,
+                    call=call.seq,
                 )
             )
         return actions

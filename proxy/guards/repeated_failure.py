@@ -36,7 +36,7 @@ from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_patter
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import remind_after_step, turns
 from proxy.progress import RepeatJudge
-from proxy.targets import TargetRule, path_key, subcommand
+from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
 
 RULE = "repeated_failure"
@@ -118,12 +118,7 @@ class RepeatedFailure:
         return found
 
     def _on_uncached(self, call: ToolCall) -> tuple[str, str | None]:
-        target = self._targets(call.name, call.arguments)
-        sub = subcommand(call.arguments)
-        name = f"{call.name} {sub}" if sub else call.name
-        if target is None:
-            return name, None
-        return name, target.value if target.is_command else path_key(target.value)
+        return call_on(self._targets, call.name, call.arguments)
 
     def _bad(self, call: ToolCall) -> tuple[bool, bool]:
         """(its result failed or was rejected, it was rejected) — only asked of calls repeated."""

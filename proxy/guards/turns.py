@@ -47,4 +47,5 @@ def remind_after_step(
         limit=limit,
         fresh=transcript.is_fresh(call.step),
         delivery=delivery,
+        call=call.seq,
     )

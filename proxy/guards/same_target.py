@@ -1,0 +1,112 @@
+"""same_target (R3, issue 10): the same tool on the same target, again and again, with arguments
+that change but a result that does not — advisory (the escalation ladder acts on it).
+
+Exact repeats are ``repeat_reminder``'s; this rule sees the loops whose arguments drift (a small
+model's HTML-escaping noise, reminder text echoed into an argument, a flag toggled back and
+forth), which no exact-match rule sees as repeats.
+
+Rules, per turn:
+- What a call is on: its tool (with a multiplexed tool's subcommand) and target
+  (:func:`proxy.targets.call_on`; a call without a target is on its tool).
+- A run is consecutive calls on one tool and target where each call got the same result as the
+  one before (masked, :mod:`proxy.progress`) and nothing in between changed the situation
+  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it.
+- A reminder fires when the run's length equals one of ``thresholds`` (3, 5, 8) and the run is
+  not all one call (its arguments differ at least once; identical runs are left to
+  ``repeat_reminder``). A result not known yet (the response side's look-ahead) is judged by the
+  previous pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.actions import Action, Delivery
+from proxy.canonical import canonical_arguments
+from proxy.config import SameTargetConfig
+from proxy.effects import Epochs, Situations
+from proxy.guards.repeat_reminder import preview
+from proxy.guards.turns import known, remind_after_step, turns
+from proxy.progress import same_result
+from proxy.targets import TargetRule, call_on
+from proxy.transcript import ToolCall, Transcript
+
+RULE = "same_target"
+PREVIEW_CHARS = 300
+
+TEXT = (
+    "[loopguard] You called {subject} {count} times in a row, with different arguments each "
+    "time, and it returned the same result each time.\n"
+    "- tool: {tool}\n"
+    "- last arguments: {arguments}\n"
+    "Changing the arguments this way does not change the result. Use the result you already "
+    "have, do something different, or tell the user what is blocking you."
+)
+
+
+class SameTarget:
+    """Guard callable: ``SameTarget(cfg)(transcript, ctx) -> list[Remind]``."""
+
+    __slots__ = ("_cfg", "_delivery", "_situations", "_targets", "_thresholds")
+
+    name = RULE
+    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    withholds = False
+
+    def __init__(
+        self,
+        cfg: SameTargetConfig,
+        delivery: Delivery = "user",
+        targets: TargetRule | None = None,
+        situations: Situations | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._delivery = delivery
+        self._targets = targets or TargetRule()
+        self._situations = situations or Situations()
+        self._thresholds = frozenset(cfg.thresholds)
+
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        epochs = self._situations.epochs(transcript.calls)
+        actions: list[Action] = []
+        for calls in turns(transcript.calls):
+            actions.extend(self._turn(transcript, calls, epochs))
+        return actions
+
+    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall], epochs: Epochs) -> list[Action]:
+        masks = self._situations.masks
+        actions: list[Action] = []
+        run = 0
+        varied = False
+        prev: ToolCall | None = None
+        prev_on: tuple[str, str | None] | None = None
+        prev_same = False  # the previous pair continued the run (for a result not known yet)
+        for call in calls:
+            on = call_on(self._targets, call.name, call.arguments)
+            same = False
+            if prev is not None and on == prev_on and epochs.unchanged(prev.seq, call.seq):
+                same = same_result(prev.result, call.result, masks) if known(call.result) else prev_same
+            if same and prev is not None:
+                run += 1
+                varied = varied or _args(call) != _args(prev)
+            else:
+                run, varied = 1, False
+            prev, prev_on, prev_same = call, on, same
+            if run not in self._thresholds or not varied:
+                continue
+            tool, target = on
+            subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
+            text = TEXT.format(
+                subject=subject,
+                count=run,
+                tool=call.name,
+                arguments=preview(_args(call), PREVIEW_CHARS),
+            )
+            action = remind_after_step(transcript, call, text, RULE, run, run, self._delivery)
+            if action is not None:
+                actions.append(action)
+        return actions
+
+
+def _args(call: ToolCall) -> str:
+    return canonical_arguments(call.arguments, call.arguments_raw)
