@@ -554,6 +554,38 @@ def echo(history: Sequence[Message], text: str) -> list[str]:
     return out
 
 
+_SAME_TARGET = re.compile(
+    r"(?s)\[loopguard\] You called (?P<subject>.+?) (?P<count>\d+) times in a row, with different "
+    r"arguments each time, and it returned the same result each time\.\n- tool: (?P<tool>[^\n]*)\n"
+    r"- last arguments: (?P<arguments>.*?)\nChanging the arguments"
+)
+
+
+def same_target(history: Sequence[Message], text: str) -> list[str]:
+    """The last N calls are all on the subject (tool, subcommand, target), the last one with the
+    shown arguments; their arguments are not all the same (the text says "different arguments"
+    — checked as: not all one call); their results are all the same after masking."""
+    m = _SAME_TARGET.match(text)
+    if m is None:
+        return [f"cannot read the subject, count and arguments: {shown(text)}"]
+    subject, n, tool, args = m["subject"], int(m["count"]), m["tool"], m["arguments"]
+    calls = calls_of(history)
+    if len(calls) < n:
+        return [f"{n} times in a row: only {len(calls)} tool calls before it"]
+    last = calls[-n:]
+    out = []
+    off = next((k for k, c in enumerate(last, 1) if _subject_of(c) != subject), None)
+    if off is not None:
+        out.append(f"{n} times in a row: call {off} of the last {n} is not on {shown(subject)}")
+    if last[-1].name != tool or not matches_preview(args, last[-1].arguments):
+        out.append(f"last arguments: the last call is {last[-1].name} {shown(last[-1].arguments)}")
+    if len({c.arguments for c in last}) == 1:
+        out.append(f"with different arguments: the last {n} calls are one call")
+    if not same_results(last):
+        out.append(f"the same result each time: the last {n} calls did not all return the same result")
+    return out
+
+
 #: Opening words of each reminder text (a regular expression matched at the text's start) → its
 #: checker. The first entry that matches is used.
 CHECKERS: dict[str, Checker] = {
@@ -566,6 +598,7 @@ CHECKERS: dict[str, Checker] = {
     r"\[loopguard\] .+? has now failed \d+ times in a row\. The last error:": failing_run,
     r"\[loopguard\] You are going in circles: ": cycle,
     r"\[loopguard\] Your last \d+ calls ran the same .+? command with only a quoted text changed": echo,
+    r"\[loopguard\] You called .+? \d+ times in a row, with different arguments each time": same_target,
 }
 
 

@@ -126,11 +126,41 @@ ECHO = (
     "Nothing is being done: these runs change no file and produce no new information. Write the "
     "actual code or command the task needs, or tell the user what is blocking you."
 )
+SAME_TARGET = (
+    "[loopguard] You called {subject} {n} times in a row, with different arguments each time, and "
+    "it returned the same result each time.\n"
+    "- tool: read_file\n"
+    "- last arguments: {args}\n"
+    "Changing the arguments this way does not change the result. Use the result you already "
+    "have, do something different, or tell the user what is blocking you."
+)
+
+
+def _drift(note: str, result: str = "x = 1") -> tuple[str, str, str]:
+    return ("read_file", orjson.dumps({"path": "t.py", "note": note}).decode(), result)
+
+
 FAILED_EDIT = "str_replace_editor str_replace on a.py"
 NO_REPLACEMENT = "No replacement was performed, old_str `{}` did not appear."
 
 #: (checker, history, reminder text, violations): a true and a false case per registered text.
 CASES = [
+    (
+        "same_target",
+        _history(PWD, _drift("a"), _drift("b"), _drift("c")),
+        SAME_TARGET.format(subject="read_file on t.py", n=3, args='{"note":"c","path":"t.py"}'),
+        [],
+    ),
+    (
+        "same_target",
+        _history(_drift("a"), _drift("a"), PWD, _drift("a", "x = 2")),
+        SAME_TARGET.format(subject="read_file on t.py", n=3, args='{"note":"b","path":"t.py"}'),
+        [
+            "3 times in a row: call 2 of the last 3 is not on read_file on t.py",
+            'last arguments: the last call is read_file {"note":"a","path":"t.py"}',
+            "the same result each time: the last 3 calls did not all return the same result",
+        ],
+    ),
     (
         "repeat_reminder_detailed",
         _history(PWD, LS, LS, LS_AT, LS, LS),
@@ -404,9 +434,10 @@ def test_an_unknown_reminder_text_is_a_violation() -> None:
 def test_a_withheld_result_is_no_reminder() -> None:
     """A withheld result's text replaces the result (the gate reads it as a withhold, not as a
     reminder): no checker claims it."""
-    from proxy.guards import circuit_breaker, cycles, turn_guard
+    from proxy.guards import circuit_breaker, cycles, escalation, turn_guard
 
     texts = [
+        escalation.WITHHOLD_TEXT,
         cycles.WITHHOLD_TEXT,
         circuit_breaker.DUPLICATE_TEXT,
         circuit_breaker.CAP_TEXT,
@@ -427,7 +458,15 @@ def test_a_reminder_text_that_cannot_be_read_is_a_violation() -> None:
 def test_the_checkers_read_the_texts_the_proxy_writes_today() -> None:
     """The guards' own templates, formatted: each is dispatched to its checker and read (a
     reworded text fails here first: change its entry in tests/reminder_facts.py with it)."""
-    from proxy.guards import cycles, echo_loop, monologue, recurrence, repeat_reminder, repeated_failure
+    from proxy.guards import (
+        cycles,
+        echo_loop,
+        monologue,
+        recurrence,
+        repeat_reminder,
+        repeated_failure,
+        same_target,
+    )
 
     history = _history(LS, LS, LS, LS, LS, said="Let me run the tests.")
     error = "NameError: name 'x' is not defined"
@@ -459,6 +498,12 @@ def test_the_checkers_read_the_texts_the_proxy_writes_today() -> None:
         (
             _history(*[_echo(f"echo '{w}'", w) for w in ("one", "two", "three")]),
             echo_loop.TEXT.format(count=3, tool="bash", template='{"command":"echo \'…\'"}'),
+        ),
+        (
+            _history(_drift("a"), _drift("b"), _drift("c")),
+            same_target.TEXT.format(
+                subject="read_file on t.py", count=3, tool="read_file", arguments='{"note":"c","path":"t.py"}'
+            ),
         ),
     ]
     assert [check_reminder(h, t) for h, t in texts] == [[]] * len(texts)
