@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from proxy.effects import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS, EffectRule
+from proxy.episodes import DEFAULT_CONTINUATION_PATTERNS, ContinuationRule
 from proxy.errors import ConfigError
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
 from proxy.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
@@ -394,8 +395,19 @@ class ProgressConfig:
     read_only_tools: tuple[str, ...] = DEFAULT_READ_ONLY_TOOLS
     state_changing_tools: tuple[str, ...] = ()
     read_only_commands: tuple[str, ...] = DEFAULT_READ_ONLY_COMMANDS
+    #: User messages that do not start a new episode (issue 10, :mod:`proxy.episodes`).
+    continuation_patterns: tuple[str, ...] = DEFAULT_CONTINUATION_PATTERNS
 
     def check(self, path: str) -> None:
+        for i, pattern in enumerate(self.continuation_patterns):
+            if not pattern.strip():
+                raise ConfigError(f"{path}.continuation_patterns[{i}]", "must not be empty")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ConfigError(
+                    f"{path}.continuation_patterns[{i}]", f"is not a valid regular expression: {e}"
+                ) from None
         for name in ("read_only_tools", "state_changing_tools", "read_only_commands"):
             for i, value in enumerate(getattr(self, name)):
                 if not value.strip():
@@ -422,6 +434,9 @@ class ProgressConfig:
 
     def effects(self) -> EffectRule:
         return EffectRule(self.read_only_tools, self.state_changing_tools, self.read_only_commands)
+
+    def continuations(self) -> ContinuationRule:
+        return ContinuationRule(self.continuation_patterns)
 
 
 #: The placeholders a ``stop.message`` template may use.

@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.canonical import canonical_arguments
+from proxy.episodes import ContinuationRule, episodes
 from proxy.failures import FailureRule, edge_text
 from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
 from proxy.targets import COMMAND_ARGS, own_command, subcommand
-from proxy.transcript import ToolCall
+from proxy.transcript import ToolCall, Transcript
 
 #: Words of a tool name that mark it as reading (with none of :data:`WRITE_VERBS`).
 READ_VERBS = frozenset(
@@ -269,13 +270,19 @@ def _rejected(call: ToolCall, rejections: Sequence[re.Pattern[str]]) -> bool:
 @dataclass(frozen=True, slots=True)
 class Situations:
     """What progress-aware guards need to tell a repeat from progress: the result ``masks``, the
-    ``effects`` rule and the ``failures`` rule (a failed call changed nothing). Built once from
-    the config (:func:`proxy.guards.build_guards`)."""
+    ``effects`` rule, the ``failures`` rule and ``rejections`` (a failed or rejected call changed
+    nothing), and the ``continuations`` rule (which user messages do not start a new episode).
+    Built once from the config (:func:`proxy.guards.build_guards`)."""
 
     masks: Masks = DEFAULT_MASKS
     effects: EffectRule = field(default_factory=EffectRule)
     failures: FailureRule = field(default_factory=FailureRule)
     rejections: tuple[re.Pattern[str], ...] = ()
+    continuations: ContinuationRule = field(default_factory=ContinuationRule)
 
     def epochs(self, calls: Sequence[ToolCall]) -> Epochs:
         return epochs(calls, self.effects, self.failures, self.masks, self.rejections)
+
+    def episodes(self, transcript: Transcript) -> tuple[int, ...]:
+        """Per call, its episode (:mod:`proxy.episodes`): turns that continuations do not split."""
+        return episodes(transcript, self.continuations)

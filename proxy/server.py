@@ -302,7 +302,9 @@ def create_app(cfg: Config) -> web.Application:
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
     app[METRICS_KEY] = Metrics(app[STATS_KEY])
-    app[GUARDS_KEY] = build_guards(cfg.guards, cfg.progress.compiled(), cfg.progress.effects())
+    app[GUARDS_KEY] = build_guards(
+        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
+    )
     app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
     app[MEMORY_KEY] = Memory(app[GUARDS_KEY])
     app.cleanup_ctx.append(_client_session)

@@ -166,10 +166,25 @@ def tool_pos(step: int) -> int:
         pytest.param(["go"] + [READ_A] * 3, {"include": ["Read_file"]}, [], id="include_case_sensitive"),
         pytest.param(["go"] + [READ_A] * 3, {"exclude": ["read_*"]}, [], id="exclude_wildcard"),
         pytest.param(
-            ["go", READ_A, READ_A, "keep going", READ_A, READ_A], {}, [], id="user_prompt_resets_chain"
+            ["go", READ_A, READ_A, "Now look at the tests instead.", READ_A, READ_A],
+            {},
+            [],
+            id="user_prompt_resets_chain",
         ),
         pytest.param(
-            ["go", READ_A, READ_A, "keep going", READ_A, READ_A, READ_A],
+            ["go", READ_A, READ_A, "keep going", READ_A, READ_A],
+            {},
+            [(tool_pos(2) + 1, 3, "read_file")],
+            id="continue_is_no_new_request_the_chain_goes_on",
+        ),
+        pytest.param(
+            ["go", READ_A, READ_A, "keep going", READ_A, READ_A],
+            {"progress_aware": False},
+            [],
+            id="seed_counting_any_user_message_resets"
+        ),
+        pytest.param(
+            ["go", READ_A, READ_A, "Check the imports in it as well.", READ_A, READ_A, READ_A],
             {},
             [(tool_pos(4) + 1, 3, "read_file")],
             id="count_restarts_at_1_after_user_prompt",

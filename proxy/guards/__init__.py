@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from proxy.actions import Action
 from proxy.config import GuardsConfig
 from proxy.effects import EffectRule, Situations
+from proxy.episodes import ContinuationRule
 from proxy.failures import FailureRule, compile_pattern
 from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.cycles import Cycles
@@ -52,13 +53,17 @@ Guard = Callable[[Transcript, Context], list[Action]]
 
 
 def build_guards(
-    cfg: GuardsConfig, masks: Masks = DEFAULT_MASKS, effects: EffectRule | None = None
+    cfg: GuardsConfig,
+    masks: Masks = DEFAULT_MASKS,
+    effects: EffectRule | None = None,
+    continuations: ContinuationRule | None = None,
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
     issue-7 rules, and last ``escalation`` (it reads the reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
-    (:mod:`proxy.effects`), both for guards with ``progress_aware``."""
+    (:mod:`proxy.effects`); ``continuations``: which user messages do not start a new episode
+    (:mod:`proxy.episodes`); all for guards with ``progress_aware``."""
     turn = cfg.turn_guard
     inject = cfg.repeat_reminder.inject_as
     targets = TargetRule(overrides=turn.targets)
@@ -67,6 +72,7 @@ def build_guards(
         effects or EffectRule(),
         FailureRule(turn.failure_patterns),
         tuple(compile_pattern(p) for p in cfg.repeated_failure.rejection_patterns),
+        continuations or ContinuationRule(),
     )
     registry: list[tuple[bool, Callable[[], Guard]]] = [
         (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, situations)),

@@ -107,7 +107,8 @@ class Cycles:
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         actions: list[Action] = []
-        for calls in turns(transcript.calls):
+        group = self._situations.episodes(transcript) if self._cfg.progress_aware else None
+        for calls in turns(transcript.calls, group):
             actions.extend(self._turn(transcript, calls))
         return actions
 

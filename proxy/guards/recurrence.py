@@ -65,7 +65,8 @@ class Recurrence:
         cfg = self._cfg
         actions: list[Action] = []
         epochs = self._situations.epochs(transcript.calls) if cfg.progress_aware else None
-        for calls in turns(transcript.calls):
+        group = self._situations.episodes(transcript) if cfg.progress_aware else None
+        for calls in turns(transcript.calls, group):
             judge = RepeatJudge(self._situations.masks, epochs) if cfg.progress_aware else None
             hits: dict[tuple[str, str], list[int]] = {}
             for i, call in enumerate(calls):

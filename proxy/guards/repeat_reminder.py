@@ -6,7 +6,9 @@ Rules:
 - Tracked calls: all tools when ``include`` is empty, else those matching ``include``; then
   ``exclude`` removes. Untracked calls are transparent (neither count nor reset the chain).
 - The chain counts consecutive tracked calls with the same canonical key (DESIGN §5, with
-  ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it.
+  ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it — with
+  ``progress_aware``, only a new request does (issue 10, :mod:`proxy.episodes`: the same call
+  with the same result after "continue" or a compaction summary goes on with the chain).
 - ``progress_aware`` (issue 7): a call with the same key continues the chain only when its result
   equals the previous call's after masking volatile spans (:mod:`proxy.progress`); a new result is
   progress and restarts the chain at 1, and so does a call after another (untracked) call that
@@ -90,13 +92,16 @@ class RepeatReminder:
             tracked = transcript.calls  # the same object: the epochs of the request are reused
         if cfg.progress_aware:  # untracked calls are transparent: they change no situation either
             judge = RepeatJudge(self._situations.masks, self._situations.epochs(tracked))
+        # progress-aware chains go on across a continuation ("continue", a compaction summary)
+        group = self._situations.episodes(transcript) if cfg.progress_aware else None
         for index, call in enumerate(tracked):
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
             progress = judge is not None and not judge.repeats(key, call.result, index)
-            if call.turn != prev_turn or key != prev_key or progress:
+            turn = call.turn if group is None else group[call.seq]
+            if turn != prev_turn or key != prev_key or progress:
                 count = 0
             count += 1
-            prev_key, prev_turn = key, call.turn
+            prev_key, prev_turn = key, turn
             if count not in self._thresholds:
                 continue
             end = transcript.steps[call.step].end

@@ -142,7 +142,7 @@ class RepeatedFailure:
         cfg = self._cfg
         actions: list[Action] = []
         epochs = self._situations.epochs(transcript.calls) if cfg.reissue else None
-        for calls in turns(transcript.calls):
+        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
             judge = RepeatJudge(self._situations.masks, epochs)
             runs: dict[tuple[str, str | None], int] = {}
             # key -> (its last call, occurrences in its current run of bad results, reminded in it)

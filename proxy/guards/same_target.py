@@ -5,7 +5,7 @@ Exact repeats are ``repeat_reminder``'s; this rule sees the loops whose argument
 model's HTML-escaping noise, reminder text echoed into an argument, a flag toggled back and
 forth), which no exact-match rule sees as repeats.
 
-Rules, per turn:
+Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
 - What a call is on: its tool (with a multiplexed tool's subcommand) and target
   (:func:`proxy.targets.call_on`; a call without a target is on its tool).
 - A run is consecutive calls on one tool and target where each call got the same result as the
@@ -69,7 +69,7 @@ class SameTarget:
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         epochs = self._situations.epochs(transcript.calls)
         actions: list[Action] = []
-        for calls in turns(transcript.calls):
+        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
             actions.extend(self._turn(transcript, calls, epochs))
         return actions
 

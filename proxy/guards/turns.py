@@ -9,12 +9,19 @@ from proxy.actions import Delivery, Remind
 from proxy.transcript import ToolCall, ToolResult, Transcript
 
 
-def turns(calls: Sequence[ToolCall]) -> Iterator[Sequence[ToolCall]]:
-    """The calls of each turn (the run after a user message), in order; empty turns skipped."""
+def turns(calls: Sequence[ToolCall], episode: Sequence[int] | None = None) -> Iterator[Sequence[ToolCall]]:
+    """The calls of each turn (the run after a user message), in order; empty turns skipped.
+    With ``episode`` (:func:`proxy.episodes.episodes`, by call ``seq``) the runs are episodes: a
+    continuation user message ("continue", a compaction summary) does not split them."""
+
+    def group(call: ToolCall) -> int:
+        return call.turn if episode is None else episode[call.seq]
+
     i = 0
     while i < len(calls):
         j = i
-        while j < len(calls) and calls[j].turn == calls[i].turn:
+        first = group(calls[i])
+        while j < len(calls) and group(calls[j]) == first:
             j += 1
         yield calls[i:j]
         i = j

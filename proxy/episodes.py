@@ -1,0 +1,92 @@
+"""Episodes (issue 10, defect 8): the turns a loop detector counts in.
+
+A user message normally starts a new turn, and rules that count per turn start afresh. But not
+every user message is a new request: a context-compaction summary, a short "continue" / "No" /
+"try again", or a harness's "Tool call error" message arrive as user messages while the agent goes
+on with the same work, and a loop goes on across them. An *episode* is a turn that only a *new
+request* starts: a user message that is not a continuation.
+
+- A user message is a **continuation** when its whole text (trimmed) matches one of the
+  ``progress.continuation_patterns`` (:data:`DEFAULT_CONTINUATION_PATTERNS`: short replies that
+  ask for nothing new, compaction summaries, harness format errors; searched with ``re.match``
+  from the text's start).
+- :func:`episodes` numbers each call's episode. The progress-aware loop rules (repeat_reminder's
+  chain, recurrence, cycles, repeated_failure, same_target, echo_loop) count per episode, so the
+  same calls with the same results on both sides of a "continue" are one loop; a new result on
+  the far side is still progress, as always. What the *user* must be able to reset stays per
+  turn: the stop ladder (withheld results in the turn, the escalation ladder) and turn_guard's
+  ledger restart at every user message, so "continue" after a stop is a fresh start.
+
+Pure; the last computation is remembered (every rule of one request asks for the same calls).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from proxy.transcript import Transcript
+
+#: User messages that continue the work rather than ask for something new.
+DEFAULT_CONTINUATION_PATTERNS: tuple[str, ...] = (
+    # short replies: "continue", "go on", "No", "yes please", "try again", "ok, keep going."
+    r"(?i)(?:(?:ok(?:ay)?|yes|yeah|yep|no|nope|sure|please|thanks|great|good)[,.!]*\s*)*"
+    r"(?:continue|go on|go ahead|keep going|carry on|proceed|resume|next|try again|again|retry|do it|"
+    r"ok(?:ay)?|yes|yeah|yep|no|nope|sure)?(?:\s*please)?[.!]*\s*$",
+    # context compaction (Claude Code, Codex, opencode and others summarize the conversation so far)
+    r"(?i)this session is being continued from a previous conversation",
+    r"(?i)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation",
+    r"(?i)\[?(?:context|conversation) (?:summary|compacted|compaction)",
+    r"(?i)another language model started to solve this problem",
+    # harness format errors answering an answer without a usable tool call
+    r"(?i)tool call error\b",
+    r"(?i)\[?error\]? *:? *you did not use a tool",
+    r"(?i)please (?:use|call) (?:a|one of the) tools?\b",
+)
+
+
+class ContinuationRule:
+    """``ContinuationRule(patterns)(text) -> bool``: the user message ``text`` continues the work.
+    Raises :class:`re.error` for a pattern that is not a regular expression (the config names the
+    key)."""
+
+    __slots__ = ("_compiled", "patterns")
+
+    def __init__(self, patterns: Sequence[str] = DEFAULT_CONTINUATION_PATTERNS) -> None:
+        self.patterns = tuple(patterns)
+        self._compiled = tuple(re.compile(p) for p in self.patterns)
+
+    def __call__(self, text: str) -> bool:
+        stripped = text.strip()
+        return any(p.match(stripped) for p in self._compiled)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ContinuationRule) and other.patterns == self.patterns
+
+    def __hash__(self) -> int:
+        return hash(self.patterns)
+
+
+_last: tuple[object, ContinuationRule, tuple[int, ...]] | None = None
+
+
+def episodes(transcript: Transcript, rule: ContinuationRule) -> tuple[int, ...]:
+    """Per call of ``transcript`` (by ``seq``), its episode number: how many user messages before
+    it were new requests (not continuations). Without the user messages' texts (a dialect that
+    gives no ``said``) every user message is a new request."""
+    global _last
+    if _last is not None and _last[0] is transcript.calls and _last[1] == rule:
+        return _last[2]
+    said = {s.position: s.text for s in transcript.said if s.role == "user"}
+    new_requests = [
+        pos for pos in transcript.user_positions if pos not in said or not rule(said[pos])
+    ]
+    out: list[int] = []
+    k = 0
+    for call in transcript.calls:
+        while k < len(new_requests) and new_requests[k] < call.position:
+            k += 1
+        out.append(k)
+    result = tuple(out)
+    _last = (transcript.calls, rule, result)
+    return result
