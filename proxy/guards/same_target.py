@@ -7,7 +7,9 @@ forth), which no exact-match rule sees as repeats.
 
 Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
 - What a call is on: its tool (with a multiplexed tool's subcommand) and target
-  (:func:`proxy.targets.call_on`; a call without a target is on its tool).
+  (:func:`proxy.targets.call_on`). Calls without a target are not looked at: a tool whose every
+  answer is the same acknowledgement (a ``think`` tool's "Your thought has been logged.", a todo
+  list's "Todos updated") is not looping when its arguments change.
 - A run is consecutive calls on one tool and target where each call got the same result as the
   one before (masked, :mod:`proxy.progress`) and nothing in between changed the situation
   (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it.
@@ -83,6 +85,9 @@ class SameTarget:
         prev_same = False  # the previous pair continued the run (for a result not known yet)
         for call in calls:
             on = call_on(self._targets, call.name, call.arguments)
+            if on[1] is None:
+                run, varied, prev, prev_on, prev_same = 0, False, None, None, False
+                continue
             same = False
             if prev is not None and on == prev_on and epochs.unchanged(prev.seq, call.seq):
                 same = same_result(prev.result, call.result, masks) if known(call.result) else prev_same
