@@ -22,6 +22,7 @@ from proxy.guards.repeat_reminder import GENTLE_TEXT
 from tests.fakes import FakeUpstream, only_guard
 from tests.llama_server import find_or_fetch_gguf, llama_available, llama_python, llama_server
 from tests.realmodel_probe import MODEL, REQUEST_PARAMS, SYSTEM_PROMPT, TOOL_CHOICES, TOOL_RESULT, TOOLS
+from tests.reminder_facts import check_reminder
 
 pytestmark = pytest.mark.realmodel
 
@@ -62,15 +63,18 @@ def _relay_to(llama: str) -> Any:
     return handler
 
 
-async def _agent_loop(client: AsyncOpenAI, stream: bool) -> list[dict[str, Any]]:
-    """An unmodified agent: call the model, run the tool, send the history back, STEPS times."""
+async def _agent_loop(
+    client: AsyncOpenAI, stream: bool, steps: int = STEPS, tool_choice: str = "named"
+) -> list[dict[str, Any]]:
+    """An unmodified agent: call the model, run the tool, send the history back, ``steps`` times
+    (or until the model answers without a tool call)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "What does the file config.yaml contain?"},
     ]
-    for _ in range(STEPS):
+    for _ in range(steps):
         kwargs = {"model": MODEL, "messages": messages, "tools": TOOLS, **REQUEST_PARAMS}
-        kwargs["tool_choice"] = TOOL_CHOICES["named"]
+        kwargs["tool_choice"] = TOOL_CHOICES[tool_choice]
         calls: dict[int, dict[str, Any]] = {}
         content = ""
         if stream:
@@ -176,3 +180,40 @@ async def test_real_model_loop_gets_reminders_where_the_chain_reaches_thresholds
             assert f"- consecutive_calls: {count}\n- arguments: {args}\n" in text
     assert [m for m in last if not str(m.get("content", "")).startswith("[loopguard]")] == messages[:sent]
     print("calls:", [c["arguments"] for c in calls], "reminders after:", [(p, n) for p, n, _ in due])
+
+
+@pytest.mark.parametrize(
+    ("stream", "tool_choice"),
+    # (with tool_choice auto and a stream, this model answers its first turn in text: no loop)
+    [(False, "named"), (True, "named"), (False, "auto")],
+    ids=["json-named", "sse-named", "json-auto"],
+)
+async def test_real_model_loop_is_ended_by_the_default_config(
+    llama_url: str, upstream: FakeUpstream, make_proxy: Any, stream: bool, tool_choice: str
+) -> None:
+    """Issue 10: with the shipped default, the real model's read_file loop (its arguments drifting
+    under ``tool_choice: auto``, where it used to get 14 reminders in 27 calls and never a denial)
+    ends with loopguard's stop text, a result withheld before it, within 12 model turns."""
+    upstream.handler = _relay_to(llama_url)
+    base = await make_proxy()
+    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-no-key-needed", max_retries=0)
+    messages = await _agent_loop(client, stream, steps=30, tool_choice=tool_choice)
+    await client.close()
+    calls = [tc["function"] for m in messages for tc in m.get("tool_calls") or []]
+    print(tool_choice, "calls:", [c["arguments"] for c in calls], "last:", messages[-1].get("content"))
+    assert not messages[-1].get("tool_calls")
+    assert str(messages[-1]["content"]).startswith("[loopguard] Stopped: ") or str(
+        messages[-1]["content"]
+    ).endswith("Send a message to continue.")
+    assert len(calls) <= 12
+    sent = [m for r in upstream.requests for m in r.json()["messages"] if m.get("role") == "tool"]
+    assert any(str(m["content"]).startswith("[loopguard] The result of this call is withheld") for m in sent)
+    # every reminder the model got says only what is true of the history before it
+    last = upstream.requests[-1].json()["messages"]
+    own = [m for m in last if not str(m.get("content") or "").startswith("[loopguard]")]
+    for i, m in enumerate(last):
+        text = str(m.get("content") or "")
+        if m["role"] == "user" and text.startswith("[loopguard]"):
+            history = [x for x in last[:i] if not str(x.get("content") or "").startswith("[loopguard]")]
+            assert check_reminder(history, text) == [], text
+    assert own == [m for m in messages[: len(own)]]
