@@ -45,6 +45,16 @@ def _check_failure_patterns(patterns: tuple[str, ...], key: str) -> None:
             raise ConfigError(f"{key}[{i}]", f"is rejected: {e}") from None
 
 
+def _check_thresholds(thresholds: tuple[int, ...], key: str) -> None:
+    """A reminder rule's thresholds: not empty, integers >= 2, none twice; the error names ``key``."""
+    if not thresholds:
+        raise ConfigError(key, "must not be empty")
+    if any(t < 2 for t in thresholds):
+        raise ConfigError(key, "every threshold must be an integer >= 2")
+    if len(set(thresholds)) != len(thresholds):
+        raise ConfigError(key, "thresholds must not repeat")
+
+
 @dataclass(frozen=True)
 class ListenConfig:
     host: str = "127.0.0.1"
@@ -99,13 +109,7 @@ class RepeatReminderConfig:
     progress_aware: bool = True
 
     def check(self, path: str) -> None:
-        key = f"{path}.thresholds"
-        if not self.thresholds:
-            raise ConfigError(key, "must not be empty")
-        if any(t < 2 for t in self.thresholds):
-            raise ConfigError(key, "every threshold must be an integer >= 2")
-        if len(set(self.thresholds)) != len(self.thresholds):
-            raise ConfigError(key, "thresholds must not repeat")
+        _check_thresholds(self.thresholds, f"{path}.thresholds")
         if self.arguments_preview_chars < 1:
             raise ConfigError(f"{path}.arguments_preview_chars", "must be an integer >= 1")
 
@@ -342,13 +346,7 @@ class SameTargetConfig:
     thresholds: tuple[int, ...] = (3, 5, 8)
 
     def check(self, path: str) -> None:
-        key = f"{path}.thresholds"
-        if not self.thresholds:
-            raise ConfigError(key, "must not be empty")
-        if any(t < 2 for t in self.thresholds):
-            raise ConfigError(key, "every threshold must be an integer >= 2")
-        if len(set(self.thresholds)) != len(self.thresholds):
-            raise ConfigError(key, "thresholds must not repeat")
+        _check_thresholds(self.thresholds, f"{path}.thresholds")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "thresholds", tuple(sorted(self.thresholds)))

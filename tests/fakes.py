@@ -109,20 +109,30 @@ class FakeUpstream:
     handler: Handler | None = None
 
 
-async def looping_handler(request: web.Request, body: bytes) -> web.StreamResponse:
-    """Default fake model: always answers with the same ``read_file {"path": "app.py"}`` call,
-    streaming when the request asks for it."""
-    req = orjson.loads(body) if body else {}
-    n = sum(1 for m in req.get("messages", []) if m.get("role") == "assistant")
-    calls = [tool_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")]
-    if req.get("stream"):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for ev in sse_events(calls):
-            await resp.write(ev)
-        await resp.write_eof()
-        return resp
-    return web.json_response(completion(calls), dumps=lambda o: orjson.dumps(o).decode())
+def scripted_model(
+    calls_for: Callable[[int], list[dict[str, Any]]], content: str | None = None
+) -> Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]:
+    """A fake model handler: its answer to a request whose history holds ``n`` assistant messages
+    makes the calls ``calls_for(n)`` (with ``content``), streamed when the request asks for it."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        req = orjson.loads(body) if body else {}
+        n = sum(1 for m in req.get("messages", []) if m.get("role") == "assistant")
+        calls = calls_for(n)
+        if req.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for ev in sse_events(calls, content=content):
+                await resp.write(ev)
+            await resp.write_eof()
+            return resp
+        return web.json_response(completion(calls, content=content), dumps=lambda o: orjson.dumps(o).decode())
+
+    return handler
+
+
+#: Default fake model: always answers with the same ``read_file {"path": "app.py"}`` call.
+looping_handler = scripted_model(lambda n: [tool_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")])
 
 
 def repeated_call_messages(

@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from proxy.actions import Remind, Stop, Withhold
 from proxy.assemble import AssembledCall
@@ -22,7 +21,7 @@ from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.escalation import WITHHOLD_TEXT
 from proxy.response import ESCALATION_TEXT, StopJudge
 from tests.agent_steps import History
-from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+from tests.fakes import FakeUpstream, scripted_model, tool_call
 from tests.rule_helpers import call_at, transcript
 from tests.sdk_agent import agent_loop, snapshot
 
@@ -222,30 +221,17 @@ def test_same_target_runs(steps: list[Any], expected: list[tuple[int, str, str]]
 # --- end to end: the official SDK as the agent, the real server ---------------------------------
 
 
-def drifting_model(stream_answers: bool) -> Any:
-    """A model that reads config.yaml forever, its arguments drifting every call."""
-
-    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        req = orjson.loads(body)
-        n = sum(1 for m in req["messages"] if m.get("role") == "assistant")
-        calls = [tool_call("read_file", orjson.dumps(drift(n)).decode(), f"call_{n + 1}")]
-        if req.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            for e in sse_events(calls):
-                await resp.write(e)
-            await resp.write_eof()
-            return resp
-        return web.json_response(completion(calls), dumps=lambda o: orjson.dumps(o).decode())
-
-    return handler
+#: A model that reads config.yaml forever, its arguments drifting every call.
+drifting_model = scripted_model(
+    lambda n: [tool_call("read_file", orjson.dumps(drift(n)).decode(), f"call_{n + 1}")]
+)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_sdk_drifting_loop_is_withheld_at_6_and_stopped_at_7(
     upstream: FakeUpstream, sdk, stream: bool
 ) -> None:
-    upstream.handler = drifting_model(stream)
+    upstream.handler = drifting_model
     client = await sdk()
     messages, steps, finish = await agent_loop(client, stream, max_steps=30, result=CONFIG)
     assert (steps, finish) == (7, "stop")

@@ -34,7 +34,7 @@ from proxy.canonical import canonical_arguments
 from proxy.config import CyclesConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step, turns
 from proxy.progress import same_result
 from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolCall, Transcript
@@ -86,16 +86,7 @@ class Cycles:
 
     def identity(self, call: ToolCall) -> tuple[str, str]:
         """(tool, target) of ``call`` (memoized per tool and arguments string)."""
-        raw = call.arguments_raw
-        if not isinstance(raw, str):
-            return self._identity(call)
-        key = (call.name, raw)
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = self._identity(call)
-            if len(self._memo) > 8192:
-                self._memo.clear()
-        return found
+        return memoized(self._memo, call, self._identity)
 
     def _identity(self, call: ToolCall) -> tuple[str, str]:
         target = self._targets(call.name, call.arguments)

@@ -35,7 +35,7 @@ from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.config import EscalationConfig
 from proxy.effects import Situations
-from proxy.guards.turns import known, turns
+from proxy.guards.turns import known, memoized, turns
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
@@ -67,7 +67,7 @@ class Escalation:
     """Guard callable: ``Escalation(cfg)(transcript, ctx) -> list[Withhold]``; reads
     ``ctx.prior`` (the reminders decided before it)."""
 
-    __slots__ = ("_cfg", "_situations", "_targets")
+    __slots__ = ("_cfg", "_memo", "_situations", "_targets")
 
     name = RULE
     reads_prior = True
@@ -81,13 +81,15 @@ class Escalation:
         self._cfg = cfg
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
+        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
 
     @property
     def config(self) -> EscalationConfig:
         return self._cfg
 
     def on(self, call: ToolCall) -> tuple[str, str | None]:
-        return call_on(self._targets, call.name, call.arguments)
+        """What ``call`` is on (memoized per tool and arguments string)."""
+        return memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         prior = getattr(ctx, "prior", ())

@@ -34,7 +34,7 @@ from proxy.config import RepeatedFailureConfig
 from proxy.effects import Situations
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import remind_after_step, turns
+from proxy.guards.turns import memoized, remind_after_step, turns
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
@@ -106,16 +106,7 @@ class RepeatedFailure:
     def _on(self, call: ToolCall) -> tuple[str, str | None]:
         """(tool, target) of ``call``; the target None when it has none (memoized per tool and
         arguments string)."""
-        raw = call.arguments_raw
-        if not isinstance(raw, str):
-            return self._on_uncached(call)
-        key = (call.name, raw)
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = self._on_uncached(call)
-            if len(self._memo) > 8192:
-                self._memo.clear()
-        return found
+        return memoized(self._memo, call, self._on_uncached)
 
     def _on_uncached(self, call: ToolCall) -> tuple[str, str | None]:
         return call_on(self._targets, call.name, call.arguments)

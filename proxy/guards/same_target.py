@@ -28,7 +28,7 @@ from proxy.canonical import canonical_arguments
 from proxy.config import SameTargetConfig
 from proxy.effects import Epochs, Situations
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step, turns
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, Transcript
@@ -49,7 +49,7 @@ TEXT = (
 class SameTarget:
     """Guard callable: ``SameTarget(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_situations", "_targets", "_thresholds")
+    __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_targets", "_thresholds")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
@@ -67,6 +67,7 @@ class SameTarget:
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
         self._thresholds = frozenset(cfg.thresholds)
+        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         epochs = self._situations.epochs(transcript.calls)
@@ -84,7 +85,7 @@ class SameTarget:
         prev_on: tuple[str, str | None] | None = None
         prev_same = False  # the previous pair continued the run (for a result not known yet)
         for call in calls:
-            on = call_on(self._targets, call.name, call.arguments)
+            on = memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
             if on[1] is None:
                 run, varied, prev, prev_on, prev_same = 0, False, None, None, False
                 continue

@@ -3,7 +3,8 @@ placed after a step's results. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from proxy.actions import Delivery, Remind
 from proxy.transcript import ToolCall, ToolResult, Transcript
@@ -25,6 +26,28 @@ def turns(calls: Sequence[ToolCall], episode: Sequence[int] | None = None) -> It
             j += 1
         yield calls[i:j]
         i = j
+
+
+T = TypeVar("T")
+
+#: Entries a :func:`memoized` memo keeps before it starts over.
+MEMO_ENTRIES = 8192
+
+
+def memoized(memo: dict[tuple[str, str], T], call: ToolCall, compute: Callable[[ToolCall], T]) -> T:
+    """``compute(call)``, remembered in ``memo`` per tool name and arguments string (an agent's
+    old calls come back on every request); calls whose arguments are not a string are computed
+    every time. ``memo`` starts over past :data:`MEMO_ENTRIES`."""
+    raw = call.arguments_raw
+    if not isinstance(raw, str):
+        return compute(call)
+    key = (call.name, raw)
+    if key in memo:
+        return memo[key]
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    found = memo[key] = compute(call)
+    return found
 
 
 def known(result: ToolResult | None) -> bool:
