@@ -483,7 +483,7 @@ def cycle(history: Sequence[Message], text: str) -> list[str]:
 _ECHO = re.compile(
     r"(?s)\[loopguard\] Your last (?P<count>\d+) calls ran the same (?P<tool>.+?) command with only a "
     r"quoted text changed, and each output just echoed that text back:\n- template: (?P<template>.*?)\n"
-    r"Nothing is being done"
+    r"Nothing new is coming back"
 )
 _LITERAL = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
 #: Quoted texts shorter than this are not "a quoted text" (the echo rule's default).

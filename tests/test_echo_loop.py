@@ -111,7 +111,7 @@ def test_reminder_text() -> None:
             "and each output just echoed that text back:\n"
             '- template: {"command":["bash","-lc","python3 - <<\'…\'\\nprint(\'…\')\\nPY"],'
             '"workdir":"/srv/app"}\n'
-            "Nothing is being done: these runs change no file and produce no new information. Write the "
+            "Nothing new is coming back: each output is only the text you put in. Write the "
             "actual code or command the task needs, or tell the user what is blocking you."
         ),
         rule="echo_loop",

@@ -123,7 +123,7 @@ ECHO = (
     "[loopguard] Your last 3 calls ran the same bash command with only a quoted text changed, and "
     "each output just echoed that text back:\n"
     "- template: {template}\n"
-    "Nothing is being done: these runs change no file and produce no new information. Write the "
+    "Nothing new is coming back: each output is only the text you put in. Write the "
     "actual code or command the task needs, or tell the user what is blocking you."
 )
 SAME_TARGET = (

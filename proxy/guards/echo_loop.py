@@ -38,7 +38,7 @@ TEXT = (
     "[loopguard] Your last {count} calls ran the same {tool} command with only a quoted text "
     "changed, and each output just echoed that text back:\n"
     "- template: {template}\n"
-    "Nothing is being done: these runs change no file and produce no new information. Write the "
+    "Nothing new is coming back: each output is only the text you put in. Write the "
     "actual code or command the task needs, or tell the user what is blocking you."
 )
 
