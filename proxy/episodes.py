@@ -35,8 +35,9 @@ DEFAULT_CONTINUATION_PATTERNS: tuple[str, ...] = (
     r"ok(?:ay)?|yes|yeah|yep|no|nope|sure)?(?:\s*please)?[.!]*\s*$",
     # context compaction (Claude Code, Codex, opencode and others summarize the conversation so far)
     r"(?i)this session is being continued from a previous conversation",
-    r"(?i)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation",
-    r"(?i)\[?(?:context|conversation) (?:summary|compacted|compaction)",
+    r"(?i)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation"
+    r"(?: so far)?[:.]",
+    r"(?i)\[(?:context|conversation) (?:summary|compacted|compaction)\]|(?:context|conversation) summary:",
     r"(?i)another language model started to solve this problem",
     # harness format errors answering an answer without a usable tool call
     r"(?i)tool call error\b",

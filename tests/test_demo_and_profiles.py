@@ -41,7 +41,7 @@ async def test_demo_prints_reminders_at_3_5_the_ladder_withholds_6_and_stops_7(
     assert "| - consecutive_calls: 5" in out
     assert out.count('assistant calls read_file {"path": "config.yaml"}') == 6
     assert 'step 7  the model called read_file {"path": "config.yaml"} again' in out
-    assert "| [loopguard] The result of this call is withheld: you were reminded 2 times in this turn" in out
+    assert "| [loopguard] The result of this call is withheld: you were reminded 2 times that your" in out
     assert "| [loopguard] Stopped: the model kept calling read_file after 2 reminders and a withheld" in out
     assert "assistant: I read config.yaml several times" not in out
     assert '"reminders_injected":2' in out

@@ -50,6 +50,9 @@ HARNESS = (
         ("Now write the tests.", False),
         ("Run the tests again please", False),
         ("Please summarize what you did so far.", False),
+        ("Conversation summary feature is broken, fix it", False),
+        ("Summary of the conversation so far: you fixed the parser.", True),
+        ("[Context compacted] The user asked to fix app.py.", True),
     ],
 )
 def test_which_user_messages_continue_the_work(text: str, continuation: bool) -> None:

@@ -75,10 +75,10 @@ def test_withhold_text_and_evidence() -> None:
         position=h.result_position(6),
         call_id="c6",
         text=(
-            "[loopguard] The result of this call is withheld: you were reminded 2 times in this turn "
-            "that your calls to read_file on config.yaml were not getting anywhere, and this call got "
-            "the same result as an earlier one. Stop calling read_file for this: use the results you "
-            "already have, try a different approach, or tell the user what is blocking you."
+            "[loopguard] The result of this call is withheld: you were reminded 2 times that your calls "
+            "to read_file on config.yaml were not getting anywhere, and this call got the same result "
+            "as an earlier one. Stop calling read_file for this: use the results you already have, try "
+            "a different approach, or tell the user what is blocking you."
         ),
         rule="escalation",
         tool="read_file",
@@ -249,6 +249,14 @@ async def test_sdk_drifting_loop_is_withheld_at_6_and_stopped_at_7(
     snap = await snapshot(client.base)
     assert snap["per_rule"] == {"same_target": 2, "escalation": 1, "stop": 1}
     assert (snap["stops"], snap["results_withheld"]) == (1, 1)
+    # the user types "continue" and the model drifts on: one more call runs (its result withheld
+    # from the model), the next answer is stopped again
+    messages.append({"role": "user", "content": "continue"})
+    messages, steps, finish = await agent_loop(client, stream, max_steps=30, messages=messages, result=CONFIG)
+    assert (steps, finish) == (2, "stop")
+    assert messages[-1]["content"] == ESCALATION_TEXT.format(tool="read_file", limit=2)
+    snap = await snapshot(client.base)
+    assert (snap["stops"], snap["results_withheld"]) == (2, 2)
 
 
 # --- a real run: the identical rejected edit retried (coder-pallets__flask-4992-3-programmer) ---
@@ -295,3 +303,26 @@ def test_parse_keeps_reminder_calls() -> None:
     (r,) = [a for a in actions(h) if isinstance(a, Remind)]
     assert (r.rule, r.call) == ("repeat_reminder", 2)
     assert openai_chat.parse_request({"messages": h.messages}).calls[2].seq == 2
+
+
+def test_continue_after_a_stop_while_the_drift_goes_on_is_withheld_then_stopped_again() -> None:
+    """The user types "continue" after the stop; the model keeps drifting: the loop rules count
+    across a continuation, so the ladder withholds the next stale call at once and the one after
+    is stopped again (a fresh start only for the stop itself: the first answer after "continue"
+    is never stopped)."""
+    h = History().steps([("read_file", drift(i), CONFIG) for i in range(6)]).user("continue")
+    first = AssembledCall("c7", "read_file", orjson.dumps(drift(6)).decode())
+    assert stop_of(h, first) is None
+    h.steps([("read_file", drift(6), CONFIG)])
+    t = transcript(h)
+    ladder = [call_at(t, a) for a in actions(h) if isinstance(a, Withhold) and a.rule == "escalation"]
+    assert ladder == [6, 7]
+    stop = stop_of(h, AssembledCall("c8", "read_file", orjson.dumps(drift(7)).decode()))
+    assert stop is not None and stop.reason == "escalation"
+
+
+def test_a_new_request_starts_the_ladder_from_the_bottom() -> None:
+    h = History().steps([("read_file", drift(i), CONFIG) for i in range(6)]).user("Now check the logs.")
+    h.steps([("read_file", drift(6), CONFIG)])
+    t = transcript(h)
+    assert [call_at(t, a) for a in actions(h) if isinstance(a, Withhold) and a.rule == "escalation"] == [6]

@@ -1,16 +1,20 @@
 """escalation (issue 10, defect 11; DESIGN §2.2): reminders the model ignores lead somewhere.
 
-Rules, per turn (the calls after a user message; a new user message starts afresh, so a user
-who continues after a stop is guarded from the bottom of the ladder again):
+Rules, per episode (:mod:`proxy.episodes`: the calls after a new request; a "continue" or a
+compaction summary does not start one, because the loop rules whose reminders the ladder counts go
+on counting across them — a user who types "continue" after a stop while the model keeps looping
+sees its next stale call withheld and the one after stopped again; a new request starts from the
+bottom of the ladder):
 - A reminder *about* a call (``Remind.call``; every rule's reminders after a step name the call
   that brought them, reminders about text or time name none) counts for what that call is on:
   its tool (with a multiplexed tool's subcommand) and target
   (:func:`proxy.targets.call_on`; a call without a target is on its tool). Reminders are counted
   once per place (two rules reminding after one step are one message to the model), and only the
   ones the model had read before a call (placed before it) count for it.
-- After ``after_reminders`` (2) reminders about one tool and target in the turn, the next call to
-  that tool on that target whose result is *nothing new* — equal (masked, :mod:`proxy.progress`)
-  to the result of an earlier call on it in the turn — has its result withheld. A new result is
+- After ``after_reminders`` (2) reminders about one tool and target in the episode, the next call
+  to that tool on that target whose result is *nothing new* — equal (masked,
+  :mod:`proxy.progress`) to the result of an earlier call on it in the episode — has its result
+  withheld. A new result is
   progress and passes: the ladder stops only what keeps failing to move. A call whose result is
   not known yet (the response side's look-ahead) counts as nothing new only when the previous call
   on that target got nothing new and this one repeats it with at most small changes to its
@@ -21,7 +25,8 @@ who continues after a stop is guarded from the bottom of the ladder again):
   echoed into the arguments), which exact-match rules never see as repeats: the reminders of the
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
 - The response side (:class:`proxy.response.StopJudge`) ends the turn when, with ``stop``, an
-  answer's call would be withheld by this rule again after it already withheld one in the turn.
+  answer's call would be withheld by this rule again after it already withheld one in the turn
+  (since the last user message of any kind: "continue" gives the model one more chance).
 """
 
 from __future__ import annotations
@@ -46,9 +51,9 @@ SIMILAR = 0.8
 SIMILAR_CHARS = 2000
 
 WITHHOLD_TEXT = (
-    "[loopguard] The result of this call is withheld: you were reminded {count} times in this "
-    "turn that your calls to {subject} were not getting anywhere, and this call got the same "
-    "result as an earlier one. Stop calling {tool} for this: use the results you already have, "
+    "[loopguard] The result of this call is withheld: you were reminded {count} times that your "
+    "calls to {subject} were not getting anywhere, and this call got the same result as an "
+    "earlier one. Stop calling {tool} for this: use the results you already have, "
     "try a different approach, or tell the user what is blocking you."
 )
 
@@ -94,7 +99,8 @@ class Escalation:
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         prior = getattr(ctx, "prior", ())
         calls = transcript.calls
-        # (turn, on) -> sorted positions of the reminders about calls on it
+        group = self._situations.episodes(transcript)
+        # (episode, on) -> sorted positions of the reminders about calls on it
         places: dict[tuple[int, tuple[str, str | None]], set[int]] = defaultdict(set)
         for action in prior:
             if (
@@ -104,15 +110,15 @@ class Escalation:
                 and 0 <= action.call < len(calls)
             ):
                 about = calls[action.call]
-                places[(about.turn, self.on(about))].add(action.after)
+                places[(group[about.seq], self.on(about))].add(action.after)
         if not places:
             return []
         reminded = {key: sorted(v) for key, v in places.items()}
-        turns_reminded = {turn for turn, _ in reminded}
+        reminded_in = {episode for episode, _ in reminded}
         actions: list[Action] = []
-        for turn_calls in turns(calls):
-            if turn_calls[0].turn in turns_reminded:
-                actions.extend(self._turn(transcript, turn_calls, reminded))
+        for episode_calls in turns(calls, group):
+            if group[episode_calls[0].seq] in reminded_in:
+                actions.extend(self._turn(transcript, episode_calls, reminded, group))
         return actions
 
     def _turn(
@@ -120,6 +126,7 @@ class Escalation:
         transcript: Transcript,
         calls: Sequence[ToolCall],
         reminded: dict[tuple[int, tuple[str, str | None]], list[int]],
+        group: Sequence[int],
     ) -> list[Action]:
         masks = self._situations.masks
         results: dict[tuple[str, str | None], list[ToolResult]] = defaultdict(list)
@@ -128,7 +135,7 @@ class Escalation:
         for call in calls:
             on = self.on(call)
             seen = results[on]
-            positions = reminded.get((call.turn, on))
+            positions = reminded.get((group[call.seq], on))
             if positions is None:  # never reminded about: only its results are needed later
                 if known(call.result):
                     assert call.result is not None
