@@ -91,7 +91,7 @@ def build_guards(
             lambda: RepeatedFailure(cfg.repeated_failure, inject, targets, turn.failure_patterns, situations),
         ),
         (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
-        (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, masks)),
+        (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, situations)),
         (cfg.same_target.enabled, lambda: SameTarget(cfg.same_target, inject, targets, situations)),
         # issue 10: last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),

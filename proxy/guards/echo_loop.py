@@ -1,7 +1,7 @@
 """echo_loop (issue 7, fixture T3): the same command template re-run with only quoted literals
 changed, while its output just echoes them back — advisory.
 
-Rules, per turn:
+Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
 - A call's *template* is its tool name and canonical arguments with every quoted literal inside
   a string argument (``'…'`` or ``"…"`` on one line) replaced by a placeholder. Its *literals*
   are those quoted texts of at least ``min_literal_chars`` characters.
@@ -24,9 +24,10 @@ from typing import Any
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.config import EchoLoopConfig
+from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known, remind_after_step, turns
-from proxy.progress import DEFAULT_MASKS, Masks, mask
+from proxy.progress import mask
 from proxy.transcript import ToolCall, Transcript
 
 RULE = "echo_loop"
@@ -62,18 +63,19 @@ def _literals(value: Any, out: list[str]) -> Any:
 class EchoLoop:
     """Guard callable: ``EchoLoop(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_masks")
+    __slots__ = ("_cfg", "_delivery", "_masks", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
     withholds = False
 
     def __init__(
-        self, cfg: EchoLoopConfig, delivery: Delivery = "user", masks: Masks = DEFAULT_MASKS
+        self, cfg: EchoLoopConfig, delivery: Delivery = "user", situations: Situations | None = None
     ) -> None:
+        self._situations = situations or Situations()
         self._cfg = cfg
         self._delivery = delivery
-        self._masks = masks
+        self._masks = self._situations.masks
 
     def shape(self, call: ToolCall) -> tuple[str, str, frozenset[str]]:
         """Exact canonical arguments, template, literals of ``call``."""
@@ -98,7 +100,7 @@ class EchoLoop:
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         actions: list[Action] = []
-        for calls in turns(transcript.calls):
+        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
             actions.extend(self._turn(transcript, calls))
         return actions
 
