@@ -38,7 +38,7 @@ from typing import Any
 
 from proxy.canonical import canonical_arguments
 from proxy.episodes import ContinuationRule, episodes
-from proxy.failures import FailureRule, edge_text
+from proxy.failures import FailureRule, RejectionRule
 from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
 from proxy.targets import COMMAND_ARGS, own_command, subcommand
@@ -218,7 +218,10 @@ class Epochs:
         return self.before[later] == self.after[earlier]
 
 
-_last: tuple[Any, ...] | None = None
+#: The last few computations (the guards of one request ask for the same calls, or for the calls
+#: of the tools they guard), by identity of the calls sequence.
+_recent: list[tuple[Sequence[ToolCall], tuple[Any, ...], Epochs]] = []
+RECENT = 4
 
 
 def epochs(
@@ -226,15 +229,14 @@ def epochs(
     effects: EffectRule,
     failures: FailureRule,
     masks: Masks = DEFAULT_MASKS,
-    rejections: Sequence[re.Pattern[str]] = (),
+    rejections: RejectionRule | None = None,
 ) -> Epochs:
-    """The situation numbers of ``calls`` (conversation order); ``rejections``: patterns that
-    mark a result as a user's rejection (searched in its edges, :func:`proxy.failures.edge_text`).
-    The last computation is remembered (every guard of one request asks for the same calls)."""
-    global _last
-    config = (effects, failures.patterns, masks, tuple(rejections))
-    if _last is not None and _last[0] is calls and _last[1] == config:
-        return _last[2]
+    """The situation numbers of ``calls`` (conversation order); ``rejections`` says which results
+    are a user's rejection. The last few computations are remembered."""
+    config = (effects, failures.patterns, masks, rejections)
+    for seen_calls, seen_config, seen_out in _recent:
+        if seen_calls is calls and seen_config == config:
+            return seen_out
     before: list[int] = []
     after: list[int] = []
     seen: dict[tuple[str, str], list[Any]] = {}
@@ -251,20 +253,13 @@ def epochs(
                 seen.setdefault(key, []).append(call.result)
                 del seen[key][:-4]  # the last few results of a key are enough
             # classified only when it matters: a failed or rejected call changed nothing
-            if novel and failures(call.result) is not True and not _rejected(call, rejections):
+            if novel and failures(call.result) is not True and not (rejections and rejections(call.result)):
                 n += 1
         after.append(n)
     out = Epochs(tuple(before), tuple(after))
-    _last = (calls, config, out)
+    _recent.insert(0, (calls, config, out))
+    del _recent[RECENT:]
     return out
-
-
-def _rejected(call: ToolCall, rejections: Sequence[re.Pattern[str]]) -> bool:
-    result = call.result
-    if not rejections or result is None or result.pending:
-        return False
-    edges = edge_text(result.text)
-    return any(r.search(edges) for r in rejections)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +272,7 @@ class Situations:
     masks: Masks = DEFAULT_MASKS
     effects: EffectRule = field(default_factory=EffectRule)
     failures: FailureRule = field(default_factory=FailureRule)
-    rejections: tuple[re.Pattern[str], ...] = ()
+    rejections: RejectionRule = field(default_factory=RejectionRule)
     continuations: ContinuationRule = field(default_factory=ContinuationRule)
 
     def epochs(self, calls: Sequence[ToolCall]) -> Epochs:

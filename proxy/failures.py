@@ -252,3 +252,48 @@ class FailureRule:
         if result.is_error is not None:
             return result.is_error
         return self.failed_text(result.text)
+
+
+class RejectionRule:
+    """``RejectionRule(patterns)(result) -> bool``: the result says the user rejected the call —
+    one of ``patterns`` (``guards.repeated_failure.rejection_patterns``, compiled as
+    :func:`compile_pattern` does) is found in the result's edges (:func:`edge_text`). Verdicts are
+    memoized per text (texts up to :attr:`MEMO_MAX_CHARS`, at most :attr:`MEMO_ENTRIES`)."""
+
+    __slots__ = ("_compiled", "_memo", "patterns")
+
+    MEMO_MAX_CHARS = 16 * 1024
+    MEMO_ENTRIES = 4096
+
+    def __init__(self, patterns: Sequence[str] = ()) -> None:
+        self.patterns = tuple(patterns)
+        self._compiled = tuple(compile_pattern(p) for p in self.patterns)
+        self._memo: OrderedDict[str, bool] = OrderedDict()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RejectionRule) and other.patterns == self.patterns
+
+    def __hash__(self) -> int:
+        return hash(self.patterns)
+
+    def text(self, text: str) -> bool:
+        """True when ``text`` is a rejection (memoized)."""
+        if not self._compiled:
+            return False
+        if len(text) > self.MEMO_MAX_CHARS:
+            return self._search(text)
+        verdict = self._memo.get(text)
+        if verdict is None:
+            verdict = self._memo[text] = self._search(text)
+            if len(self._memo) > self.MEMO_ENTRIES:
+                self._memo.popitem(last=False)
+        return verdict
+
+    def _search(self, text: str) -> bool:
+        edges = edge_text(text)
+        return any(r.search(edges) for r in self._compiled)
+
+    def __call__(self, result: ToolResult | None) -> bool:
+        if result is None or result.pending:
+            return False
+        return self.text(result.text)

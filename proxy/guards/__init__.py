@@ -15,7 +15,7 @@ from proxy.actions import Action
 from proxy.config import GuardsConfig
 from proxy.effects import EffectRule, Situations
 from proxy.episodes import ContinuationRule
-from proxy.failures import FailureRule, compile_pattern
+from proxy.failures import FailureRule, RejectionRule
 from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.cycles import Cycles
 from proxy.guards.echo_loop import EchoLoop
@@ -71,7 +71,7 @@ def build_guards(
         masks,
         effects or EffectRule(),
         FailureRule(turn.failure_patterns),
-        tuple(compile_pattern(p) for p in cfg.repeated_failure.rejection_patterns),
+        RejectionRule(cfg.repeated_failure.rejection_patterns),
         continuations or ContinuationRule(),
     )
     registry: list[tuple[bool, Callable[[], Guard]]] = [

@@ -26,7 +26,7 @@ from proxy.canonical import canonical_arguments
 from proxy.config import EchoLoopConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step, turns
 from proxy.progress import mask
 from proxy.transcript import ToolCall, Transcript
 
@@ -63,7 +63,7 @@ def _literals(value: Any, out: list[str]) -> Any:
 class EchoLoop:
     """Guard callable: ``EchoLoop(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_masks", "_situations")
+    __slots__ = ("_cfg", "_delivery", "_masks", "_memo", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
@@ -76,9 +76,14 @@ class EchoLoop:
         self._cfg = cfg
         self._delivery = delivery
         self._masks = self._situations.masks
+        self._memo: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {}
 
     def shape(self, call: ToolCall) -> tuple[str, str, frozenset[str]]:
-        """Exact canonical arguments, template, literals of ``call``."""
+        """Exact canonical arguments, template, literals of ``call`` (memoized per tool and
+        arguments string)."""
+        return memoized(self._memo, call, self._shape)
+
+    def _shape(self, call: ToolCall) -> tuple[str, str, frozenset[str]]:
         exact = canonical_arguments(call.arguments, call.arguments_raw)
         found: list[str] = []
         if isinstance(call.arguments, dict | list):

@@ -32,7 +32,7 @@ from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.config import RepeatedFailureConfig
 from proxy.effects import Situations
-from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, compile_pattern, edge_text
+from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, RejectionRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import memoized, remind_after_step, turns
 from proxy.progress import RepeatJudge
@@ -94,14 +94,12 @@ class RepeatedFailure:
         self._targets = targets or TargetRule()
         self._failures = FailureRule(failure_patterns)
         self._patterns = tuple(compile_pattern(p) for p in failure_patterns)
-        self._rejections = tuple(compile_pattern(p) for p in cfg.rejection_patterns)
+        self._rejections = RejectionRule(cfg.rejection_patterns)
         self._ignore = frozenset(cfg.ignore_args)
 
     def rejected(self, result: ToolResult | None) -> bool:
-        if result is None or not self._rejections:
-            return False
-        edges = edge_text(result.text)
-        return any(r.search(edges) for r in self._rejections)
+        """The result says the user rejected the call (``rejection_patterns``, memoized)."""
+        return self._rejections(result)
 
     def _on(self, call: ToolCall) -> tuple[str, str | None]:
         """(tool, target) of ``call``; the target None when it has none (memoized per tool and
