@@ -3,7 +3,6 @@ the facts behind "the same call in the same situation"."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from proxy.config import Config, build
 from proxy.effects import EffectRule, epochs, shell_read_only
 from proxy.errors import ConfigError
-from proxy.failures import FailureRule
+from proxy.failures import FailureRule, RejectionRule
 from proxy.targets import TargetRule, call_on, subcommand
 from tests.agent_steps import History
 from tests.rule_helpers import transcript
@@ -102,7 +101,7 @@ def test_a_failed_or_rejected_write_changes_nothing() -> None:
     assert situation([failed]) == ((0,), (0,))
     rejected = ("write_file", {"path": "a.py", "content": "y"}, "The user rejected this tool call.")
     t = transcript(History().steps([rejected]))
-    e = epochs(t.calls, EffectRule(), FailureRule(), rejections=(re.compile(r"(?i)user rejected"),))
+    e = epochs(t.calls, EffectRule(), FailureRule(), rejections=RejectionRule([r"(?i)user rejected"]))
     assert e.after == (0,)
 
 
