@@ -1,7 +1,10 @@
 """Upstream I/O: URL mapping, header filtering, and relaying responses chunk by chunk.
 
 - ``/v1/<rest>`` goes to ``<upstream base>/<rest>``; any other path to the upstream's origin with
-  the same path; the query string is kept as sent (DESIGN §3).
+  the same path; the query string is kept as sent (DESIGN §3). A query on the upstream base URL
+  itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with every request: its
+  parameters first, then the request's query as sent; a parameter the request names itself is the
+  request's (issue 14, item 8).
 - Hop-by-hop headers (RFC 9110 §7.6.1, plus any named in ``Connection``) are dropped both ways;
   everything else, ``Authorization`` included, passes untouched.
 - Bodies are relayed as bytes: the upstream session does not decompress, and adds no
@@ -37,9 +40,24 @@ SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
 @functools.lru_cache(maxsize=8)
-def _base_parts(base: str) -> tuple[str, str, str]:
+def _base_parts(base: str) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
     parts = urlsplit(base)
-    return parts.scheme, parts.netloc, parts.path.rstrip("/")
+    params = tuple((_name(raw), raw) for raw in parts.query.split("&") if raw)
+    return parts.scheme, parts.netloc, parts.path.rstrip("/"), params
+
+
+def _name(param: str) -> str:
+    """The decoded name of one ``name=value`` query parameter."""
+    return unquote(param.split("=", 1)[0])
+
+
+def _merged_query(base: tuple[tuple[str, str], ...], query: str) -> str:
+    """The base URL's parameters (as written) the request does not name, then ``query`` as sent."""
+    if not base:
+        return query
+    named = {_name(p) for p in query.split("&") if p}
+    kept = "&".join(raw for name, raw in base if name not in named)
+    return f"{kept}&{query}" if kept and query else kept or query
 
 
 def upstream_url(base: str, raw_path: str) -> str:
@@ -49,17 +67,22 @@ def upstream_url(base: str, raw_path: str) -> str:
     'http://h:8080/v1/chat/completions?x=1'
     >>> upstream_url("http://h:8080/api/v1/", "/health")
     'http://h:8080/health'
+    >>> upstream_url("http://h/openai/deployments/d?api-version=2024-02-01", "/v1/chat/completions")
+    'http://h/openai/deployments/d/chat/completions?api-version=2024-02-01'
     """
     path, _, query = raw_path.partition("?")
-    scheme, netloc, base_path = _base_parts(base)
+    scheme, netloc, base_path, base_query = _base_parts(base)
     if path == "/v1" or path.startswith("/v1/"):
         path = base_path + path[3:]
-    return urlunsplit((scheme, netloc, path, query, ""))
+    return urlunsplit((scheme, netloc, path, _merged_query(base_query, query), ""))
 
 
 #: What a request to the upstream never carries: hop-by-hop headers plus Host and Content-Length
-#: (aiohttp sets both for the upstream).
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+#: (aiohttp sets both for the upstream), and Expect: the proxy answers an agent's
+#: ``Expect: 100-continue`` itself (aiohttp's server sends the 100 when the body is read), and an
+#: upstream that never sends 100 would otherwise wait for a body the proxy holds back (issue 14,
+#: item 2).
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
 
 
 def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] = HOP_BY_HOP) -> CIMultiDict[str]:

@@ -170,6 +170,19 @@ async def test_other_paths_and_methods(
         ("/api/v1", "/v1", "/api/v1"),
         ("/openai", "/v1/chat/completions?api-version=2", "/openai/chat/completions?api-version=2"),
         ("", "/v1/models", "/models"),
+        # issue 14, item 8: the base URL's own query goes with every request (Azure's api-version)
+        (
+            "/openai/deployments/d?api-version=2024-02-01",
+            CHAT,
+            "/openai/deployments/d/chat/completions?api-version=2024-02-01",
+        ),
+        (
+            "/openai/deployments/d?api-version=2024-02-01",
+            "/v1/models?limit=5",
+            "/openai/deployments/d/models?api-version=2024-02-01&limit=5",
+        ),
+        ("/v1?api-version=1&k=v", "/v1/models?api-version=2", "/v1/models?k=v&api-version=2"),
+        ("/v1?api-version=1", "/health", "/health?api-version=1"),
     ],
 )
 async def test_upstream_base_with_path_prefix(
@@ -879,3 +892,36 @@ async def test_disconnected_request_is_logged_too(
         await asyncio.sleep(0.005)
     lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert len([e for e in lines if e.get("event") == "request"]) == 1, err
+
+
+async def test_expect_100_continue_is_answered_by_the_proxy_not_forwarded(make_proxy) -> None:
+    """Issue 14, item 2: curl sends ``Expect: 100-continue`` with a 2 MiB body; an upstream that
+    never sends 100 (a raw HTTP/1.1 server here, reading the head and then the body) must get a
+    plain request: the proxy answers the agent's ``Expect`` itself and forwards no ``Expect``."""
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)  # never sends "100 Continue": waits for the body
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        base = await make_proxy(upstream_url=f"http://127.0.0.1:{port}/v1")
+        raw = b'{"model": "m", "messages": [], "pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+        async with aiohttp.ClientSession() as s:
+            r = await asyncio.wait_for(s.post(base + CHAT, data=raw, expect100=True), 10)
+            assert (r.status, await r.read()) == (200, b"{}")
+        assert b"expect:" not in heads[0].lower()
+    finally:
+        server.close()
+        await server.wait_closed()
