@@ -85,6 +85,13 @@ def plan(
     return ResponseSide(kind, cfg, judge)
 
 
+class IncompleteStream(aiohttp.ClientPayloadError):
+    """The upstream's event stream ended without a ``finish_reason`` and without ``[DONE]`` (an
+    empty 200 stream included, as llama-cpp-python sends when it rejects a streaming tool choice):
+    the answer stopped short, so the agent's stream ends with the error event, not as a success
+    (issue 14, item 11)."""
+
+
 def failed(stats: Stats, where: str, exc: Exception) -> None:
     stats.internal_errors += 1
     log.error("response_guard_error", error=type(exc).__name__, where=where)
@@ -121,11 +128,15 @@ async def relay_sse(
         if guard is not None:
             try:
                 tail = guard.finish()
+                complete = guard.complete
             except Exception as exc:
                 failed(stats, "sse", exc)
                 tail = bytes(unsettled)
+                complete = True  # our own failure: nothing known about the upstream's stream
             if tail:
                 await response.write(tail)
+            if not complete:
+                raise IncompleteStream("the upstream stream ended without a finish_reason or [DONE]")
     except (aiohttp.ClientError, asyncio.TimeoutError):
         if guard is not None:
             try:

@@ -106,6 +106,7 @@ class StreamGuard:
         "_judge",
         "_state",
         "actions",
+        "complete",
         "received",
         "settled",
     )
@@ -121,6 +122,10 @@ class StreamGuard:
         self.actions: list[Action] = []
         self.received = 0
         self.settled = 0
+        #: the stream said how it ended: ``[DONE]``, a ``finish_reason``, an event the guard does
+        #: not read (``{"error": …}``, from then on it only relays), or the guard's own cut. False
+        #: at the end of the upstream's body means the answer stopped short (issue 14, item 11).
+        self.complete = False
 
     @property
     def aborted(self) -> bool:
@@ -176,6 +181,7 @@ class StreamGuard:
             self._hold_or_emit(_Held(ev.raw), out)
             return
         if ev.data.strip() == "[DONE]":
+            self.complete = True
             self._end_all(out)
             self._hold_or_emit(_Held(ev.raw), out)
             return
@@ -184,6 +190,7 @@ class StreamGuard:
         except orjson.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            self.complete = True  # the upstream said something itself ({"error": …}); relay it
             self._give_up(out)  # {"error": …} or something unknown: stop reading
             self._emit(ev.raw, out)
             return
@@ -212,6 +219,7 @@ class StreamGuard:
                     rc = self._runaway(ch, len(ch.calls.calls) - 1)
                     runaway = (ci, rc) if rc else None
             if part.get("finish_reason") is not None:
+                self.complete = True
                 finished.add(ci)
                 ch.finished = True
                 if not ch.pending and ch.text_seen and getattr(self._judge, "on_text_only", False):
@@ -314,6 +322,7 @@ class StreamGuard:
         self._finish_open(out, "length")
         out += DONE
         self._state = "done"
+        self.complete = True
 
     def _finish_open(self, out: bytearray, default: str | None) -> None:
         for ci, ch in sorted(self._choices.items()):

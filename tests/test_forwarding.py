@@ -925,3 +925,68 @@ async def test_expect_100_continue_is_answered_by_the_proxy_not_forwarded(make_p
     finally:
         server.close()
         await server.wait_closed()
+
+
+def _ends_cleanly_after(events: list[bytes]) -> Any:
+    """An upstream that sends ``events`` and ends its body properly (terminating chunk), with no
+    finish_reason and no ``[DONE]`` among them."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+@pytest.mark.parametrize("shape", ["content_then_nothing", "empty_200_stream"])
+async def test_a_stream_that_stops_short_is_no_success(
+    upstream: FakeUpstream,
+    make_proxy,
+    agent,
+    shape: str,
+    capfd: pytest.CaptureFixture[str],
+    restore_structlog: Any,
+) -> None:
+    """Issue 14, item 11: a stream that ends without a finish_reason and without [DONE] (also an
+    empty 200 stream, as llama-cpp-python sends when it rejects a streaming tool choice) ends with
+    the error event and a broken connection, counted and logged at warning."""
+    events = sse_events(content="hello world, this is long")[:3] if shape == "content_then_nothing" else []
+    assert all(b'finish_reason":"' not in e and b"[DONE]" not in e for e in events)
+    upstream.handler = _ends_cleanly_after(events)
+    configure_logging("info")
+    base = await make_proxy()
+    capfd.readouterr()
+    got = b""
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in r.content.iter_any():
+                got += chunk
+    err = ""
+    for _ in range(100):  # poll for the line, not a timing assertion
+        err += capfd.readouterr().err
+        if '"request"' in err:
+            break
+        await asyncio.sleep(0.005)
+    (line,) = [orjson.loads(x) for x in err.splitlines() if x.startswith("{") and '"request"' in x]
+    assert (line["level"], line["upstream_error"]) == ("warning", "IncompleteStream")
+    prefix = b"".join(events)
+    assert got.startswith(prefix)
+    tail = got[len(prefix) :]
+    assert orjson.loads(tail.removeprefix(b"data: "))["error"]["type"] == "upstream_disconnected"
+    async with agent.get(base + "/loop-guard") as r:
+        assert (await r.json())["upstream_errors"] == 1
+
+
+async def test_a_stream_with_a_finish_but_no_done_is_still_a_success(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    events = [e for e in sse_events(content="hello") if b"[DONE]" not in e]
+    upstream.handler = _ends_cleanly_after(events)
+    base = await make_proxy()
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert (r.status, await r.read()) == (200, b"".join(events))

@@ -367,3 +367,32 @@ def test_release_gives_back_everything_held_unchanged() -> None:
     guard = StreamGuard(Config(), Judge(STOP))
     assert guard.feed(head + held).data == head
     assert guard.release() == held
+
+
+@pytest.mark.parametrize(
+    ("raw", "complete"),
+    [
+        pytest.param(
+            stream(chunk(ROLE), chunk({"content": "hi"}), chunk(finish="stop")), True, id="finish_and_done"
+        ),
+        pytest.param(
+            stream(chunk({"content": "hi"}), chunk(finish="stop"), done=False), True, id="finish_no_done"
+        ),
+        pytest.param(stream(chunk({"content": "hi"})), True, id="done_no_finish"),
+        pytest.param(stream(chunk(ROLE), chunk({"content": "hi"}), done=False), False, id="neither"),
+        pytest.param(b"", False, id="empty_stream"),
+        pytest.param(b": keep-alive\n\n", False, id="only_a_comment"),
+        pytest.param(
+            stream({"error": {"message": "overloaded"}}, done=False), True, id="upstream_error_event"
+        ),
+    ],
+)
+def test_complete_says_whether_the_stream_said_how_it_ended(raw: bytes, complete: bool) -> None:
+    """Issue 14, item 11: the relay ends a stream that stopped short with the error event."""
+    out, guard, _ = run(raw)
+    assert (out, guard.complete) == (raw, complete)
+
+
+def test_a_cut_is_complete() -> None:
+    _, guard, aborts = run(b"".join(identical_calls_stream(10)))
+    assert (aborts[-1], guard.complete) == (True, True)
