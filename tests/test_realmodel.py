@@ -184,7 +184,8 @@ async def test_real_model_loop_gets_reminders_where_the_chain_reaches_thresholds
 
 @pytest.mark.parametrize(
     ("stream", "tool_choice"),
-    # (with tool_choice auto and a stream, this model answers its first turn in text: no loop)
+    # (with tool_choice auto and a stream, llama-cpp-python sends an empty 200 stream: no call to
+    # loop on; loopguard ends such a stream with the error event, tests/test_forwarding.py)
     [(False, "named"), (True, "named"), (False, "auto")],
     ids=["json-named", "sse-named", "json-auto"],
 )
