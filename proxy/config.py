@@ -67,12 +67,15 @@ class ListenConfig:
 
 @dataclass(frozen=True)
 class UpstreamConfig:
-    """``url``: base URL as in ``OPENAI_BASE_URL``. Timeouts in seconds (``read_timeout_s: null`` =
-    no read timeout, for long generations). ``max_body_mb``: largest request body accepted, MiB."""
+    """``url``: base URL as in ``OPENAI_BASE_URL``. Timeouts in seconds: ``read_timeout_s`` is the
+    longest the upstream may send nothing — before its response headers (a non-streaming answer
+    is generated in that time) and between any two reads of its body; ``null`` = wait forever
+    (issue 14, item 1: the default ends every stall). ``max_body_mb``: largest request body
+    accepted, MiB."""
 
     url: str = "http://127.0.0.1:8080/v1"
     connect_timeout_s: float = 10.0
-    read_timeout_s: float | None = None
+    read_timeout_s: float | None = 900.0
     max_body_mb: int = 64
 
     def check(self, path: str) -> None:

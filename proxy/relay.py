@@ -165,7 +165,9 @@ async def relay_json(
     try:
         async for chunk in upstream.content.iter_any():
             body += chunk
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, asyncio.TimeoutError):
+            raise  # nothing sent yet: the caller answers 504
         await response.prepare(request)
         await response.write(bytes(body))
         raise

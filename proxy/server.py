@@ -64,6 +64,28 @@ def _error_body(message: str, type_: str, code: int) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
 
 
+#: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
+#: names it apart from a connect timeout; older versions give the common parent).
+READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
+
+
+def _timeout_response(base: str, fields: dict[str, Any], st: Any) -> web.Response:
+    """504 for an upstream that stopped sending (before its headers, or in a JSON answer the
+    proxy was still buffering): an OpenAI-style error body (issue 14, item 1)."""
+    st.upstream_errors += 1
+    fields.update(status=504, upstream_error="UpstreamTimeout")
+    return web.Response(
+        status=504,
+        body=_error_body(
+            f"loopguard: upstream {forward.redact_url(base)} sent nothing for longer than "
+            "upstream.read_timeout_s",
+            "upstream_timeout",
+            504,
+        ),
+        content_type="application/json",
+    )
+
+
 def _check_admin(request: web.Request) -> None:
     token = request.app[CONFIG_KEY].admin_token
     if token and request.headers.get("Authorization", "") != f"Bearer {token}":
@@ -212,6 +234,8 @@ async def _forward(
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
         )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
+            return _timeout_response(base, fields, st)
         st.upstream_errors += 1
         fields.update(status=502, upstream_error=type(exc).__name__)
         return web.Response(
@@ -246,6 +270,8 @@ async def _forward(
                 await relay.relay_sse(upstream, response, side, st)
             await response.write_eof()
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
+            if isinstance(exc, READ_TIMEOUT) and not response.prepared:
+                return _timeout_response(base, fields, st)  # a buffered JSON answer: nothing sent yet
             if request.transport is None or request.transport.is_closing():
                 # The agent went away while we wrote to it (often right after [DONE]): not an
                 # upstream error, and nothing left to tell anyone.

@@ -49,7 +49,7 @@ def write(tmp_path: Path, text: str, name: str = "loopguard.yaml") -> Path:
             {
                 "url": "http://127.0.0.1:8080/v1",
                 "connect_timeout_s": 10.0,
-                "read_timeout_s": None,
+                "read_timeout_s": 900.0,
                 "max_body_mb": 64,
             },
             id="upstream",

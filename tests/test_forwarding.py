@@ -26,6 +26,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 import proxy.rewrite
+from proxy.config import Config
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
 from proxy.observe import configure_logging
 from tests.fakes import (
@@ -990,3 +991,65 @@ async def test_a_stream_with_a_finish_but_no_done_is_still_a_success(
     base = await make_proxy()
     async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
         assert (r.status, await r.read()) == (200, b"".join(events))
+
+
+# --- a stalled upstream (issue 14, item 1) ----------------------------------------------------------
+
+STALL = {"upstream": {"read_timeout_s": 0.3}}
+
+
+def _stalls(head: bool, events: list[bytes], content_type: str = "text/event-stream") -> Any:
+    """An upstream that sends nothing (``head`` False), or its headers and ``events``, and then
+    nothing more, ever (until the proxy hangs up)."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        if not head:
+            await asyncio.Event().wait()
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        await asyncio.Event().wait()
+        return resp
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("head", "events", "content_type"),
+    [
+        pytest.param(False, [], "application/json", id="before_the_headers"),
+        pytest.param(True, [b'{"id": "chatcmpl-1", "choi'], "application/json", id="mid_json"),
+    ],
+)
+async def test_a_stalled_json_answer_is_a_504(
+    upstream: FakeUpstream, make_proxy, agent, head: bool, events: list[bytes], content_type: str
+) -> None:
+    upstream.handler = _stalls(head, events, content_type)
+    base = await make_proxy(STALL)
+    post = agent.post(base + CHAT, data=body_of(repeated_call_messages(1)))
+    async with await asyncio.wait_for(post, 10) as r:
+        assert r.status == 504
+        body = orjson.loads(await r.read())
+    assert (body["error"]["type"], body["error"]["code"]) == ("upstream_timeout", 504)
+    assert "read_timeout_s" in body["error"]["message"]
+    async with agent.get(base + "/loop-guard") as r:
+        assert (await r.json())["upstream_errors"] == 1
+
+
+async def test_a_stalled_stream_ends_with_the_error_event(upstream: FakeUpstream, make_proxy, agent) -> None:
+    events = sse_events(content="hello world, this is long")[:2]
+    upstream.handler = _stalls(True, events)
+    base = await make_proxy(STALL)
+    got = b""
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in r.content.iter_any():
+                got += chunk
+    assert got.startswith(b"".join(events))
+    assert orjson.loads(got[len(b"".join(events)) :].removeprefix(b"data: "))["error"]["message"]
+
+
+def test_the_default_read_timeout_ends_every_stall() -> None:
+    assert Config().upstream.read_timeout_s == 900.0
