@@ -47,6 +47,9 @@ class ResponseSide:
     cfg: Config
     judge: StopJudge | None
     actions: list[Action] = field(default_factory=list)
+    #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
+    #: is done, not gone (issue 14, item 12)
+    delivered: bool = False
 
 
 def enabled(cfg: Config) -> bool:
@@ -123,6 +126,8 @@ async def relay_sse(
                 upstream.close()  # the server stops generating now
             if out.data:
                 await response.write(out.data)
+            if guard.complete and guard.received == guard.settled:
+                side.delivered = True
             if out.abort:
                 return
         if guard is not None:

@@ -64,6 +64,13 @@ def _error_body(message: str, type_: str, code: int) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
 
 
+#: ``request[DELIVERED]``: the agent has received the whole answer (an SSE ``[DONE]`` or the
+#: stream's end as the response side read it), so a hang-up from now on is not a disconnect.
+DELIVERED: Any = (
+    web.RequestKey("loopguard.delivered", bool) if hasattr(web, "RequestKey") else "loopguard.delivered"
+)
+DONE_MARK = b"[DONE]"
+
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
@@ -201,7 +208,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     try:
         return await _forward(request, url, headers, decision.body, fields, t_send, decision)
     except asyncio.CancelledError:
-        fields["disconnected"] = True  # the agent went away; the upstream request is closed
+        if not request.get(DELIVERED):
+            fields["disconnected"] = True  # the agent went away; the upstream request is closed
         raise
     finally:
         failed = "upstream_error" in fields or "disconnected" in fields
@@ -260,8 +268,13 @@ async def _forward(
         try:
             if side is None:
                 await response.prepare(request)
+                sse = upstream.content_type == "text/event-stream"
+                tail = b""
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
+                    if sse and DONE_MARK in tail + chunk:
+                        request[DELIVERED] = True  # the agent has the whole answer
+                    tail = chunk[-16:]
             elif side.kind == "json":
                 await relay.relay_json(request, upstream, response, side, st)
             else:
@@ -269,9 +282,15 @@ async def _forward(
                 await response.prepare(request)
                 await relay.relay_sse(upstream, response, side, st)
             await response.write_eof()
+        except asyncio.CancelledError:
+            if side is not None and side.delivered:
+                request[DELIVERED] = True  # the agent hung up after the whole answer
+            raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
             if isinstance(exc, READ_TIMEOUT) and not response.prepared:
                 return _timeout_response(base, fields, st)  # a buffered JSON answer: nothing sent yet
+            if request.get(DELIVERED) or (side is not None and side.delivered):
+                return response  # the agent had the whole answer and hung up: not a failure
             if request.transport is None or request.transport.is_closing():
                 # The agent went away while we wrote to it (often right after [DONE]): not an
                 # upstream error, and nothing left to tell anyone.

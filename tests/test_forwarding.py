@@ -1053,3 +1053,68 @@ async def test_a_stalled_stream_ends_with_the_error_event(upstream: FakeUpstream
 
 def test_the_default_read_timeout_ends_every_stall() -> None:
     assert Config().upstream.read_timeout_s == 900.0
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["response_side", "passthrough"])
+async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
+    upstream: FakeUpstream,
+    make_proxy,
+    capfd: pytest.CaptureFixture[str],
+    restore_structlog: Any,
+    guarded: bool,
+) -> None:
+    """Issue 14, item 12: llama-cpp-python keeps the stream open for a moment after ``[DONE]``; the
+    SDK has everything and closes. That request is logged at info, without ``disconnected``."""
+    configure_logging("info")
+    events = sse_events(content="all done")
+    upstream_closed = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for e in events:
+                await resp.write(e)
+            await asyncio.Event().wait()  # the server lingers after [DONE]
+        finally:
+            upstream_closed.set()
+        return resp
+
+    upstream.handler = handler
+    config = (
+        None
+        if guarded
+        else {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "degenerate_text": {"enabled": False},
+            },
+            "stop": {"after_ignored_denials": 0, "on_cap": False},
+            "guards": {"monologue": {"stop_at": 0}, "escalation": {"stop": False}},
+        }
+    )
+    base = await make_proxy(config)
+    capfd.readouterr()
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+    body = body_of(repeated_call_messages(1), stream=True)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while b"[DONE]" not in buf:
+        data = await asyncio.wait_for(reader.read(65536), 2)
+        assert data
+        buf += data
+    writer.close()
+    await asyncio.wait_for(upstream_closed.wait(), 2)
+    err = ""
+    for _ in range(100):  # poll for the line, not a timing assertion
+        err += capfd.readouterr().err
+        if '"request"' in err:
+            break
+        await asyncio.sleep(0.005)
+    (line,) = [orjson.loads(x) for x in err.splitlines() if x.startswith("{") and '"request"' in x]
+    assert (line["level"], "disconnected" in line, "upstream_error" in line) == ("info", False, False)
