@@ -71,6 +71,10 @@ DELIVERED: Any = (
 )
 DONE_MARK = b"[DONE]"
 
+#: What a request on a kept-alive connection the upstream has just closed fails with, before any
+#: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
@@ -232,8 +236,8 @@ async def _forward(
     base, auth = app[UPSTREAM_KEY]
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
-    try:
-        upstream = await app[SESSION_KEY].request(
+    async def send() -> aiohttp.ClientResponse:
+        return await app[SESSION_KEY].request(
             request.method,
             url,
             headers=headers,
@@ -241,6 +245,17 @@ async def _forward(
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
         )
+
+    try:
+        try:
+            upstream = await send()
+        except STALE_CONNECTION as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise  # no connection at all: nothing stale to retry
+            # a kept-alive connection the upstream closed at its idle timeout as the request went
+            # out: once more, on a fresh connection (issue 14, item 10)
+            fields["retried"] = True
+            upstream = await send()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
             return _timeout_response(base, fields, st)

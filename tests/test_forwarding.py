@@ -1118,3 +1118,50 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
         await asyncio.sleep(0.005)
     (line,) = [orjson.loads(x) for x in err.splitlines() if x.startswith("{") and '"request"' in x]
     assert (line["level"], "disconnected" in line, "upstream_error" in line) == ("info", False, False)
+
+
+async def test_a_request_on_a_connection_the_upstream_just_closed_is_retried_once(make_proxy, agent) -> None:
+    """Issue 14, item 10: at the upstream's keep-alive idle timeout, a request sent on the
+    connection it is closing fails before any answer; the proxy sends it once more on a fresh
+    connection. (The raw upstream answers the first request of each connection and closes the
+    connection when a second one arrives on it.)"""
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            if not first:
+                writer.close()  # the idle timeout fired as this request arrived
+                return
+            first = False
+            length = next(
+                (
+                    int(x.split(b":", 1)[1])
+                    for x in head.split(b"\r\n")
+                    if x.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
+            seen.append(await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        base = await make_proxy(upstream_url=f"http://127.0.0.1:{port}/v1")
+        for i in range(3):
+            raw = body_of(repeated_call_messages(1 + i))
+            async with agent.post(base + CHAT, data=raw) as r:
+                assert (r.status, await r.read()) == (200, b"{}")
+        assert len(seen) == 3  # each request reached the upstream once, complete
+        async with agent.get(base + "/loop-guard") as r:
+            assert (await r.json())["upstream_errors"] == 0
+    finally:
+        server.close()
+        await server.wait_closed()
