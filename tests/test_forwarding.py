@@ -10,6 +10,7 @@ never with sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import socket
@@ -595,12 +596,7 @@ async def test_upstream_dies_mid_stream_raw_client_sees_error_event(
     events = sse_events(content="hello world, this is long")
     upstream.handler = _dies_after_two_events(events)
     base = await make_proxy()
-    got = b""
-    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
-        assert r.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for chunk in r.content.iter_any():
-                got += chunk
+    got = await broken_stream(agent, base)
     assert got.startswith(events[0] + events[1])
     tail = got[len(events[0] + events[1]) :]
     assert tail.startswith(b'data: {"error"')
@@ -857,40 +853,12 @@ async def test_disconnected_request_is_logged_too(
     configure_logging("info")
     events = sse_events(content="a long generation")
     upstream_closed = asyncio.Event()
-
-    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        try:
-            await resp.write(events[0])
-            await asyncio.Event().wait()
-        finally:
-            upstream_closed.set()
-        return resp
-
-    upstream.handler = handler
+    upstream.handler = lingering(events[:1], upstream_closed)
     base = await make_proxy()
     capfd.readouterr()
-    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
-    body = body_of(repeated_call_messages(1), stream=True)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    buf = b""
-    while events[0] not in buf:
-        data = await asyncio.wait_for(reader.read(65536), 2)
-        assert data
-        buf += data
-    writer.close()
+    await stream_and_hang_up(base, events[0])
     await asyncio.wait_for(upstream_closed.wait(), 2)
-    err = ""
-    for _ in range(100):  # poll for the line, not a timing assertion
-        err += capfd.readouterr().err
-        if '"request"' in err:
-            break
-        await asyncio.sleep(0.005)
+    err = await request_line_err(capfd)
     lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert len([e for e in lines if e.get("event") == "request"]) == 1, err
 
@@ -904,28 +872,18 @@ async def test_expect_100_continue_is_answered_by_the_proxy_not_forwarded(make_p
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         heads.append(head)
-        length = next(
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        await reader.readexactly(length)  # never sends "100 Continue": waits for the body
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await reader.readexactly(content_length(head))  # never sends "100 Continue": waits for the body
+        writer.write(RAW_OK)
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        base = await make_proxy(upstream_url=f"http://127.0.0.1:{port}/v1")
+    async with raw_upstream(serve) as url:
+        base = await make_proxy(upstream_url=url)
         raw = b'{"model": "m", "messages": [], "pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
         async with aiohttp.ClientSession() as s:
             r = await asyncio.wait_for(s.post(base + CHAT, data=raw, expect100=True), 10)
             assert (r.status, await r.read()) == (200, b"{}")
         assert b"expect:" not in heads[0].lower()
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def _ends_cleanly_after(events: list[bytes]) -> Any:
@@ -961,18 +919,8 @@ async def test_a_stream_that_stops_short_is_no_success(
     configure_logging("info")
     base = await make_proxy()
     capfd.readouterr()
-    got = b""
-    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
-        assert r.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for chunk in r.content.iter_any():
-                got += chunk
-    err = ""
-    for _ in range(100):  # poll for the line, not a timing assertion
-        err += capfd.readouterr().err
-        if '"request"' in err:
-            break
-        await asyncio.sleep(0.005)
+    got = await broken_stream(agent, base)
+    err = await request_line_err(capfd)
     (line,) = [orjson.loads(x) for x in err.splitlines() if x.startswith("{") and '"request"' in x]
     assert (line["level"], line["upstream_error"]) == ("warning", "IncompleteStream")
     prefix = b"".join(events)
@@ -1041,12 +989,7 @@ async def test_a_stalled_stream_ends_with_the_error_event(upstream: FakeUpstream
     events = sse_events(content="hello world, this is long")[:2]
     upstream.handler = _stalls(True, events)
     base = await make_proxy(STALL)
-    got = b""
-    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
-        assert r.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for chunk in r.content.iter_any():
-                got += chunk
+    got = await broken_stream(agent, base)
     assert got.startswith(b"".join(events))
     assert orjson.loads(got[len(b"".join(events)) :].removeprefix(b"data: "))["error"]["message"]
 
@@ -1068,19 +1011,7 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
     configure_logging("info")
     events = sse_events(content="all done")
     upstream_closed = asyncio.Event()
-
-    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        try:
-            for e in events:
-                await resp.write(e)
-            await asyncio.Event().wait()  # the server lingers after [DONE]
-        finally:
-            upstream_closed.set()
-        return resp
-
-    upstream.handler = handler
+    upstream.handler = lingering(events, upstream_closed)  # the server lingers after [DONE]
     config = (
         None
         if guarded
@@ -1096,26 +1027,9 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
     )
     base = await make_proxy(config)
     capfd.readouterr()
-    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
-    body = body_of(repeated_call_messages(1), stream=True)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    buf = b""
-    while b"[DONE]" not in buf:
-        data = await asyncio.wait_for(reader.read(65536), 2)
-        assert data
-        buf += data
-    writer.close()
+    await stream_and_hang_up(base, b"[DONE]")
     await asyncio.wait_for(upstream_closed.wait(), 2)
-    err = ""
-    for _ in range(100):  # poll for the line, not a timing assertion
-        err += capfd.readouterr().err
-        if '"request"' in err:
-            break
-        await asyncio.sleep(0.005)
+    err = await request_line_err(capfd)
     (line,) = [orjson.loads(x) for x in err.splitlines() if x.startswith("{") and '"request"' in x]
     assert (line["level"], "disconnected" in line, "upstream_error" in line) == ("info", False, False)
 
@@ -1138,23 +1052,13 @@ async def test_a_request_on_a_connection_the_upstream_just_closed_is_retried_onc
                 writer.close()  # the idle timeout fired as this request arrived
                 return
             first = False
-            length = next(
-                (
-                    int(x.split(b":", 1)[1])
-                    for x in head.split(b"\r\n")
-                    if x.lower().startswith(b"content-length:")
-                ),
-                0,
-            )
-            seen.append(await reader.readexactly(length))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            seen.append(await reader.readexactly(content_length(head)))
+            writer.write(RAW_OK)
             await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        base = await make_proxy(upstream_url=f"http://127.0.0.1:{port}/v1")
+    async with raw_upstream(serve) as url:
+        base = await make_proxy(upstream_url=url)
         for i in range(3):
             raw = body_of(repeated_call_messages(1 + i))
             async with agent.post(base + CHAT, data=raw) as r:
@@ -1162,6 +1066,83 @@ async def test_a_request_on_a_connection_the_upstream_just_closed_is_retried_onc
         assert len(seen) == 3  # each request reached the upstream once, complete
         async with agent.get(base + "/loop-guard") as r:
             assert (await r.json())["upstream_errors"] == 0
+
+
+async def stream_and_hang_up(base: str, marker: bytes) -> None:
+    """A raw agent: POST a streaming chat request, read until ``marker`` arrives, hang up."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+    body = body_of(repeated_call_messages(1), stream=True)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while marker not in buf:
+        data = await asyncio.wait_for(reader.read(65536), 2)
+        assert data
+        buf += data
+    writer.close()
+
+
+async def request_line_err(capfd: pytest.CaptureFixture[str]) -> str:
+    """stderr up to the request's log line (polled for, not a timing assertion)."""
+    err = ""
+    for _ in range(100):
+        err += capfd.readouterr().err
+        if '"request"' in err:
+            break
+        await asyncio.sleep(0.005)
+    return err
+
+
+def lingering(events: list[bytes], closed: asyncio.Event) -> Any:
+    """An upstream that streams ``events`` and then keeps the connection open (sets ``closed``
+    when the proxy hangs up on it)."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for e in events:
+                await resp.write(e)
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+        return resp
+
+    return handler
+
+
+#: A raw upstream's answer: 200 with an empty JSON object.
+RAW_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def content_length(head: bytes) -> int:
+    """The Content-Length of a raw request head (0 when it has none)."""
+    lines = head.split(b"\r\n")
+    return next((int(x.split(b":", 1)[1]) for x in lines if x.lower().startswith(b"content-length:")), 0)
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(serve: Any) -> AsyncIterator[str]:
+    """A raw HTTP/1.1 upstream on a free loopback port (``serve(reader, writer)`` per connection);
+    yields its base URL."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def broken_stream(agent: aiohttp.ClientSession, base: str) -> bytes:
+    """POST a streaming chat request; its answer (status 200) must end in a broken transfer,
+    never a clean end. Returns the bytes received before the break."""
+    got = b""
+    async with agent.post(base + CHAT, data=body_of(repeated_call_messages(1), stream=True)) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in r.content.iter_any():
+                got += chunk
+    return got
