@@ -45,6 +45,32 @@ def _dumps(obj: Any, **_: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
+class _WithoutContent(logging.Filter):
+    """aiohttp's own server log, told without what the agent sent (issue 14, item 3): its
+    records (a malformed request line or header, a bad chunked body, an error in a handler) carry
+    tracebacks that quote the raw bytes — an ``Authorization`` header, message content. Each
+    record becomes one structlog line with the error's type and HTTP status only (``bad_request``
+    for a request aiohttp refused, 400 or 413; ``server_error`` otherwise); the record itself is
+    dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        status = getattr(exc, "code", None) or getattr(exc, "status", None)
+        event = "bad_request" if isinstance(status, int) and 400 <= status < 500 else "server_error"
+        with contextlib.suppress(Exception):
+            structlog.get_logger("loopguard").warning(
+                event, error=type(exc).__name__ if exc is not None else None, status=status
+            )
+        return False
+
+
+#: The logger handed to aiohttp's server (``proxy.server.start``): nothing it is given leaves
+#: except through :class:`_WithoutContent`.
+SERVER_LOG = logging.getLogger("loopguard.aiohttp")
+SERVER_LOG.propagate = False
+SERVER_LOG.addFilter(_WithoutContent())
+
+
 def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps (``level``: debug, info,
     warning or error)."""

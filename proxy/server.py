@@ -43,7 +43,7 @@ from proxy.incidents import IncidentLog
 from proxy.memory import Memory
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
-from proxy.observe import Stats, action_summary
+from proxy.observe import SERVER_LOG, Stats, action_summary
 from proxy.rewrite import RequestDecision, decide_request
 
 CONFIG_KEY = web.AppKey("config", Config)
@@ -63,6 +63,10 @@ log = structlog.get_logger("loopguard")
 def _error_body(message: str, type_: str, code: int) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
 
+
+#: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
+#: long ``Authorization`` tokens and cookies that upstreams accept into 400s (issue 14, item 3).
+HEADER_LIMIT = 64 * 1024
 
 #: ``request[DELIVERED]``: the agent has received the whole answer (an SSE ``[DONE]`` or the
 #: stream's end as the response side read it), so a hang-up from now on is not a disconnect.
@@ -349,7 +353,11 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         total=None, sock_connect=up.connect_timeout_s, sock_read=up.read_timeout_s
     )
     app[SESSION_KEY] = aiohttp.ClientSession(
-        timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        max_line_size=HEADER_LIMIT,
+        max_field_size=HEADER_LIMIT,
     )
     yield
     await app[SESSION_KEY].close()
@@ -379,7 +387,15 @@ def create_app(cfg: Config) -> web.Application:
 async def start(cfg: Config) -> tuple[web.AppRunner, int]:
     """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
     (useful with port 0). Stop with ``await runner.cleanup()``."""
-    runner = web.AppRunner(create_app(cfg), handler_cancellation=True, access_log=None, auto_decompress=False)
+    runner = web.AppRunner(
+        create_app(cfg),
+        handler_cancellation=True,
+        access_log=None,
+        auto_decompress=False,
+        logger=SERVER_LOG,  # aiohttp's own errors, told without what the agent sent
+        max_line_size=HEADER_LIMIT,
+        max_field_size=HEADER_LIMIT,
+    )
     await runner.setup()
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
     await site.start()

@@ -28,7 +28,8 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
     app = web.Application(client_max_size=128 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, handler_cancellation=True)
+    # long header lines accepted, as real model servers do (the proxy forwards them)
+    runner = web.AppRunner(app, handler_cancellation=True, max_line_size=65536, max_field_size=65536)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

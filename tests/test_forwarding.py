@@ -1146,3 +1146,48 @@ async def broken_stream(agent: aiohttp.ClientSession, base: str) -> bytes:
             async for chunk in r.content.iter_any():
                 got += chunk
     return got
+
+
+async def test_malformed_requests_are_logged_without_what_the_agent_sent(
+    upstream: FakeUpstream, make_proxy, capfd: pytest.CaptureFixture[str], restore_structlog: Any
+) -> None:
+    """Issue 14, item 3: aiohttp's traceback for a malformed header or chunked body quoted the raw
+    bytes (``b'Authorization: Bearer sk-…\\r'``) on stderr. Now one ``bad_request`` line with the
+    error's type and status, and nothing the agent sent."""
+    configure_logging("info")
+    base = await make_proxy()
+    port = int(base.rsplit(":", 1)[1])
+    capfd.readouterr()
+    bad = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-MARKER-1\r\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-MARKER-2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\nMARKER-3 message content\r\n0\r\n\r\n",
+    ]
+    for payload in bad:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(payload)
+        head = await asyncio.wait_for(reader.read(100), 2)
+        assert head.startswith(b"HTTP/1.0 400") or head.startswith(b"HTTP/1.1 400"), head
+        writer.close()
+    err = ""
+    for _ in range(100):
+        out = capfd.readouterr()
+        err += out.err + out.out
+        if err.count('"bad_request"') >= 2:
+            break
+        await asyncio.sleep(0.005)
+    assert "MARKER" not in err
+    lines = [orjson.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert [(x["event"], x["level"], x["status"]) for x in lines] == [("bad_request", "warning", 400)] * 2
+
+
+async def test_a_long_authorization_header_is_forwarded(upstream: FakeUpstream, make_proxy, agent) -> None:
+    """Issue 14, item 3: a 9,000-byte token (aiohttp's default limit is 8,190) reaches the upstream
+    instead of becoming the proxy's own 400."""
+    upstream.handler = fixed(200, b"{}")
+    base = await make_proxy()
+    token = "Bearer " + "t" * 9000
+    async with agent.post(base + CHAT, data=b"{}", headers={"Authorization": token}) as r:
+        assert r.status == 200
+    assert lower(upstream.requests[0].headers)["authorization"] == token
