@@ -57,12 +57,18 @@ def _check_thresholds(thresholds: tuple[int, ...], key: str) -> None:
 
 @dataclass(frozen=True)
 class ListenConfig:
+    """``shutdown_grace_s``: on SIGTERM/SIGINT, how long requests in flight may take to finish
+    before they are ended (seconds; issue 14, item 4)."""
+
     host: str = "127.0.0.1"
     port: int = 4000
+    shutdown_grace_s: float = 30.0
 
     def check(self, path: str) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{path}.port", "must be between 0 and 65535")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError(f"{path}.shutdown_grace_s", "must be >= 0")
 
 
 @dataclass(frozen=True)

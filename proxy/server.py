@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +57,10 @@ UPSTREAM_KEY = web.AppKey("upstream", tuple)
 INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
 #: Per-conversation memory of the turn guard and narration (proxy.memory / proxy.state).
 MEMORY_KEY = web.AppKey("memory", Memory)
+#: Set when a shutdown began (SIGTERM/SIGINT): requests ended from now on are ended by it.
+SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
+#: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
+INFLIGHT_KEY = web.AppKey("inflight", set)
 
 log = structlog.get_logger("loopguard")
 
@@ -216,11 +221,13 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     try:
         return await _forward(request, url, headers, decision.body, fields, t_send, decision)
     except asyncio.CancelledError:
-        if not request.get(DELIVERED):
+        if app[SHUTDOWN_KEY].is_set() and not request.get(DELIVERED):
+            fields["shutdown"] = True  # ended by the shutdown after the grace period
+        elif not request.get(DELIVERED):
             fields["disconnected"] = True  # the agent went away; the upstream request is closed
         raise
     finally:
-        failed = "upstream_error" in fields or "disconnected" in fields
+        failed = "upstream_error" in fields or "disconnected" in fields or "shutdown" in fields
         (log.warning if failed else log.info)("request", **fields)
 
 
@@ -240,6 +247,7 @@ async def _forward(
     base, auth = app[UPSTREAM_KEY]
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
+
     async def send() -> aiohttp.ClientResponse:
         return await app[SESSION_KEY].request(
             request.method,
@@ -276,6 +284,7 @@ async def _forward(
         )
 
     fields.update(status=upstream.status, upstream_ms=round((time.perf_counter() - t_send) * 1000, 3))
+    app[INFLIGHT_KEY].add(upstream)
     side: relay.ResponseSide | None = None
     try:
         side = relay.plan(_guarded(request), upstream, decision, app[GUARDS_KEY], app[CONFIG_KEY])
@@ -310,6 +319,19 @@ async def _forward(
                 return _timeout_response(base, fields, st)  # a buffered JSON answer: nothing sent yet
             if request.get(DELIVERED) or (side is not None and side.delivered):
                 return response  # the agent had the whole answer and hung up: not a failure
+            if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
+                # the shutdown's grace period ended and closed this upstream response
+                fields["shutdown"] = True
+                if upstream.content_type == "text/event-stream":
+                    with contextlib.suppress(Exception):
+                        await response.write(
+                            b"data: "
+                            + _error_body("loopguard is shutting down", "proxy_shutdown", 503)
+                            + b"\n\n"
+                        )
+                if request.transport is not None:
+                    request.transport.close()
+                return response
             if request.transport is None or request.transport.is_closing():
                 # The agent went away while we wrote to it (often right after [DONE]): not an
                 # upstream error, and nothing left to tell anyone.
@@ -334,6 +356,7 @@ async def _forward(
             return response
         return response
     finally:
+        app[INFLIGHT_KEY].discard(upstream)
         upstream.close()
         if side is not None:
             conversation = decision.conversation if decision is not None else ""
@@ -369,6 +392,8 @@ def create_app(cfg: Config) -> web.Application:
     app[CONFIG_KEY] = cfg
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
+    app[SHUTDOWN_KEY] = asyncio.Event()
+    app[INFLIGHT_KEY] = set()
     app[METRICS_KEY] = Metrics(app[STATS_KEY])
     app[GUARDS_KEY] = build_guards(
         cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
@@ -393,6 +418,7 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
         access_log=None,
         auto_decompress=False,
         logger=SERVER_LOG,  # aiohttp's own errors, told without what the agent sent
+        shutdown_timeout=cfg.listen.shutdown_grace_s,
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
     )
@@ -404,9 +430,30 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
 
 
 async def serve_forever(cfg: Config) -> None:
+    """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
+    down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
+    end the rest (a stream gets the error event), write their log lines, return (exit 0)."""
     runner, port = await start(cfg)
     log.info("listening", host=cfg.listen.host, port=port, upstream=forward.redact_url(cfg.upstream.url))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
+            loop.add_signal_handler(sig, stop.set)
+    app = runner.app
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
+        app[SHUTDOWN_KEY].set()
+        for site in list(runner.sites):
+            await site.stop()  # no new connections
+        deadline = time.monotonic() + cfg.listen.shutdown_grace_s
+        while app[INFLIGHT_KEY] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for upstream in list(app[INFLIGHT_KEY]):  # the grace is over: end what is still running
+            app[INFLIGHT_KEY].discard(upstream)
+            upstream.close()
+        await asyncio.sleep(0.05)  # let those handlers write their error event and log line
     finally:
         await runner.cleanup()
+        log.info("stopped")

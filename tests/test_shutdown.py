@@ -1,0 +1,137 @@
+"""Graceful shutdown (issue 14, item 4): on SIGTERM or SIGINT the proxy stops accepting, lets
+requests in flight finish for up to ``listen.shutdown_grace_s``, ends the rest (a stream gets the
+error event), writes their log lines and exits 0 — also as PID 1, where a process without a
+handler ignores SIGTERM (``docker stop`` would wait and SIGKILL). The real ``loopguard serve``
+runs as a child process in front of a fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.fakes import FakeUpstream, repeated_call_messages, sse_events
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slow_stream(events: list[bytes], gap_s: float, forever: bool) -> Any:
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+            await asyncio.sleep(gap_s)
+        if forever:
+            await asyncio.Event().wait()
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+async def serve(upstream_url: str, tmp_path: Path, grace_s: float, pid1: bool) -> tuple[Any, int, str]:
+    port = free_port()
+    cfg = tmp_path / "lg.yaml"
+    cfg.write_text(f"listen: {{shutdown_grace_s: {grace_s}}}\n")
+    argv = [
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--upstream",
+        upstream_url,
+        "--port",
+        str(port),
+        "--config",
+        str(cfg),
+    ]
+    if pid1:
+        argv = ["unshare", "--pid", "--fork", "--kill-child", *argv]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=ROOT, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    assert proc.stderr is not None
+    line = await asyncio.wait_for(proc.stderr.readline(), 20)
+    assert b'"listening"' in line, line
+    return proc, port, f"http://127.0.0.1:{port}"
+
+
+def target_pid(proc: Any, pid1: bool) -> int:
+    """The proxy's own process (under unshare, its child: PID 1 in its namespace)."""
+    if not pid1:
+        return int(proc.pid)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return int(children[0])
+
+
+CASES = [
+    pytest.param(10.0, False, False, id="in_flight_stream_finishes_within_the_grace"),
+    pytest.param(0.5, True, False, id="endless_stream_ended_with_the_error_event"),
+    pytest.param(0.5, True, True, id="as_pid_1"),
+]
+
+
+@pytest.mark.parametrize(("grace_s", "forever", "pid1"), CASES)
+async def test_sigterm_shuts_down_gracefully(
+    upstream: FakeUpstream, tmp_path: Path, grace_s: float, forever: bool, pid1: bool
+) -> None:
+    if pid1 and (shutil.which("unshare") is None or os.geteuid() != 0):
+        pytest.skip("needs unshare and root for a PID namespace")
+    events = sse_events(content="a stream that takes a while to generate")
+    if forever:
+        events = events[:3]  # a generation that does not end: no finish, no [DONE]
+    upstream.handler = slow_stream(events, 0.1, forever)
+    proc, _, base = await serve(upstream.url, tmp_path, grace_s, pid1)
+    got = b""
+    broken = False
+    try:
+        async with aiohttp.ClientSession() as s:
+            body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1), "stream": True})
+            async with s.post(base + "/v1/chat/completions", data=body) as r:
+                assert r.status == 200
+                got += await r.content.readany()
+                os.kill(target_pid(proc, pid1), signal.SIGTERM)
+                try:
+                    async for chunk in r.content.iter_any():
+                        got += chunk
+                except aiohttp.ClientPayloadError:
+                    broken = True
+        code = await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.stderr is not None
+    err = (await proc.stderr.read()).decode()
+    lines = [orjson.loads(x) for x in err.splitlines() if x.startswith("{")]
+    request = [x for x in lines if x.get("event") == "request"]
+    assert code == 0
+    assert [x["event"] for x in lines if x["event"] in ("shutting_down", "stopped")] == [
+        "shutting_down",
+        "stopped",
+    ]
+    assert len(request) == 1
+    if forever:
+        assert broken
+        tail = got.rsplit(b"\n\n", 2)[-2]
+        assert orjson.loads(tail.removeprefix(b"data: "))["error"]["type"] == "proxy_shutdown"
+        assert (request[0]["level"], request[0].get("shutdown")) == ("warning", True)
+    else:
+        assert (broken, got) == (False, b"".join(events))
+        assert request[0]["level"] == "info"
