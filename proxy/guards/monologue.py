@@ -39,7 +39,7 @@ from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known
 from proxy.progress import same_result
-from proxy.transcript import Said, Transcript
+from proxy.transcript import Said, Step, Transcript
 
 RULE = "monologue"
 TEXT_PREVIEW_CHARS = 200
@@ -70,7 +70,7 @@ def normalize(text: str) -> str:
 class Monologue:
     """Guard callable: ``Monologue(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_situations")
+    __slots__ = ("_cfg", "_delivery", "_last", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
@@ -82,6 +82,7 @@ class Monologue:
         self._cfg = cfg
         self._delivery = delivery
         self._situations = situations or Situations()
+        self._last: tuple[object, object, list[int]] | None = None
 
     @property
     def config(self) -> MonologueConfig:
@@ -91,7 +92,7 @@ class Monologue:
         """The tools assistant message ``msg`` called, in order (empty for a text-only one)."""
         if not msg.has_calls:
             return ()
-        step = next((s for s in transcript.steps if s.position == msg.position), None)
+        step = _steps_by_position(transcript).get(msg.position)
         if step is None:
             return ()
         return tuple(transcript.calls[i].name for i in step.calls)
@@ -102,7 +103,7 @@ class Monologue:
             return False
         if not a.has_calls:
             return True
-        steps = {s.position: s for s in transcript.steps if s.position in (a.position, b.position)}
+        steps = _steps_by_position(transcript)
         sa, sb = steps.get(a.position), steps.get(b.position)
         if sa is None or sb is None or len(sa.calls) != len(sb.calls):
             return False
@@ -116,7 +117,16 @@ class Monologue:
         return True
 
     def _runs(self, transcript: Transcript) -> list[int]:
-        """Per assistant message of ``transcript.said`` (in order), the length of its same-text run."""
+        """Per assistant message of ``transcript.said`` (in order), the length of its same-text run.
+        Remembered for the last transcript asked about (the rule, its stop check and the stop
+        count of one request ask for the same one)."""
+        if self._last is not None and self._last[0] is transcript.said and self._last[1] is transcript.steps:
+            return self._last[2]
+        runs = self._compute_runs(transcript)
+        self._last = (transcript.said, transcript.steps, runs)
+        return runs
+
+    def _compute_runs(self, transcript: Transcript) -> list[int]:
         runs: list[int] = []
         last: Said | None = None
         last_text = ""
@@ -135,7 +145,7 @@ class Monologue:
         if not transcript.calls:
             return []
         said = transcript.said
-        step_at = {s.position: s for s in transcript.steps}
+        step_at = _steps_by_position(transcript)
         runs = iter(self._runs(transcript))
         actions: list[Action] = []
         answer_run, last_answer = 0, ""
@@ -218,6 +228,19 @@ class Monologue:
         if tuple(tools) != self._tools_of(transcript, last):
             return 1
         return self._runs(transcript)[-1] + 1
+
+
+_step_maps: list[tuple[object, dict[int, Step]]] = []
+
+
+def _steps_by_position(transcript: Transcript) -> dict[int, Step]:
+    """The transcript's steps by the position of their assistant message (the last one built is
+    kept: every message of one request looks its step up)."""
+    if _step_maps and _step_maps[0][0] is transcript.steps:
+        return _step_maps[0][1]
+    found = {s.position: s for s in transcript.steps}
+    _step_maps[:] = [(transcript.steps, found)]
+    return found
 
 
 def _answer(said: Sequence[Said], k: int, message_count: int) -> Said | None:
