@@ -9,13 +9,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.guards.cycles import WITHHOLD_TEXT
 from proxy.response import MONOLOGUE_TEXT
 from tests.agent_steps import History
-from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+from tests.fakes import FakeUpstream, scripted_model, tool_call
 from tests.sdk_agent import agent_loop as shared_agent_loop
 from tests.sdk_agent import snapshot, turn
 
@@ -26,21 +25,10 @@ RESULT = "debug: false"
 def monologue_model(request_stream: bool) -> Any:
     """A model that always says the same sentence and reads a new file each time (so that no
     call-based rule fires)."""
-
-    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        req = orjson.loads(body)
-        n = sum(1 for m in req["messages"] if m.get("role") == "assistant")
-        calls = [tool_call("read_file", orjson.dumps({"path": f"conf{n}.yaml"}).decode(), f"call_{n + 1}")]
-        if req.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            for ev in sse_events(calls, content=SAME):
-                await resp.write(ev)
-            await resp.write_eof()
-            return resp
-        return web.json_response(completion(calls, content=SAME), dumps=lambda o: orjson.dumps(o).decode())
-
-    return handler
+    return scripted_model(
+        lambda n: [tool_call("read_file", orjson.dumps({"path": f"conf{n}.yaml"}).decode(), f"call_{n + 1}")],
+        content=SAME,
+    )
 
 
 async def agent_loop(
@@ -112,18 +100,7 @@ READ_STEP: list[dict[str, Any]] = [
 
 def text_only_model() -> Any:
     """A model that answers every request with the same text and no tool call."""
-
-    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        if orjson.loads(body).get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            for ev in sse_events(None, content=SAME):
-                await resp.write(ev)
-            await resp.write_eof()
-            return resp
-        return web.json_response(completion(None, content=SAME), dumps=lambda o: orjson.dumps(o).decode())
-
-    return handler
+    return scripted_model(lambda n: [], content=SAME)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
