@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
+from proxy import jsonbody
 
 
 def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
@@ -50,6 +50,6 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
                 _first(messages, ("user",)),
                 _first_call_id(messages),
             ]
-            digest = hashlib.sha256(orjson.dumps(parts, default=str)).hexdigest()
+            digest = hashlib.sha256(jsonbody.dumps(parts, default=str)).hexdigest()
             return f"fp-{digest[:16]}"
     return "unknown"

@@ -6,7 +6,9 @@ registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
-``loopguard_internal_errors_total`` (fail-open events), ``loopguard_upstream_errors_total``, and
+``loopguard_unguarded_requests_total{reason}`` (chat requests the guards could not read:
+``not_json``, ``nesting``, ``not_chat``, ``content_encoding``), ``loopguard_internal_errors_total``
+(fail-open events), ``loopguard_upstream_errors_total``, and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -45,6 +47,14 @@ class _StatsCollector(Collector):
         for (rule, kind), n in sorted(self._stats.per_action.items()):
             actions.add_metric([rule, kind], n)
         yield actions
+        unguarded = CounterMetricFamily(
+            "loopguard_unguarded_requests",
+            "Chat requests forwarded without guards, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self._stats.unguarded.items()):
+            unguarded.add_metric([reason], n)
+        yield unguarded
 
 
 class Metrics:

@@ -120,6 +120,8 @@ class Stats:
     #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
     per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
+    #: chat requests forwarded without guards, per reason (``RequestDecision.unguarded``)
+    unguarded: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 
     def record_actions(self, actions: Iterable[Action]) -> None:
@@ -156,5 +158,6 @@ class Stats:
             "upstream_errors": self.upstream_errors,
             "per_rule": dict(sorted(self.per_rule.items())),
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
+            "unguarded": dict(sorted(self.unguarded.items())),
             "incidents": [i.as_dict() for i in self.incidents],
         }

@@ -38,8 +38,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
+from proxy import jsonbody
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.assemble import AssembledCall
 from proxy.canonical import canonical_arguments, parse_arguments
@@ -321,8 +320,8 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
     """Decide on a whole ``chat.completion`` body. Returns the rewritten body (None = forward the
     original bytes) and the actions taken. A body that is not a completion is left alone."""
     try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        obj = jsonbody.decode(raw)
+    except jsonbody.Unreadable:
         return None, []
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
         return None, []
@@ -362,7 +361,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
         elif cut:
             msg["tool_calls"] = msg["tool_calls"][: cut.count]
             changed = True
-    return (orjson.dumps(obj) if changed else None), actions
+    return (jsonbody.dumps(obj) if changed else None), actions
 
 
 #: How much of a message's end is compared with the stop texts (they are a few hundred characters).
@@ -382,8 +381,8 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
     text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions."""
     try:
-        body = orjson.loads(request_body)
-    except orjson.JSONDecodeError:
+        body = jsonbody.decode(request_body)
+    except jsonbody.Unreadable:
         return []
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):

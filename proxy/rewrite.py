@@ -1,7 +1,9 @@
 """The request side as one pure function: body bytes in, bytes to send upstream plus actions out.
 
 No sockets here; the server calls :func:`decide_request` and forwards ``decision.body``. A body that
-is not JSON, or JSON the dialect cannot read, comes back unchanged with no actions. Any other
+is not JSON, or JSON the dialect cannot read, comes back unchanged with no actions and the reason
+in ``unguarded``. JSON that orjson refuses but is still JSON (lone surrogates, ``1e400``, deep
+nesting) is read by :func:`proxy.jsonbody.decode`, and a rewrite changes only the edited bytes. Any other
 exception is a bug and propagates; the server then forwards the original bytes (fail open).
 """
 
@@ -11,8 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from proxy import jsonbody
 from proxy.actions import Action
 from proxy.conversation import conversation_key
 from proxy.dialects import openai_chat
@@ -28,7 +29,9 @@ class RequestDecision:
     ``actions``: every action derived (fresh and re-derived). ``conversation``: DESIGN §4 key
     (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log.
     ``transcript``: what the guards read (None when the body was not readable), for the server to
-    remember what it saw (:mod:`proxy.state`)."""
+    remember what it saw (:mod:`proxy.state`). ``unguarded``: why the guards could not read the
+    body (``not_json``, ``nesting``: :class:`proxy.jsonbody.Unreadable`; :data:`NOT_CHAT`), else
+    None."""
 
     body: bytes
     actions: tuple[Action, ...]
@@ -37,6 +40,11 @@ class RequestDecision:
     model: str | None = None
     stream: bool | None = None
     transcript: Transcript | None = None
+    unguarded: str | None = None
+
+
+#: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.
+NOT_CHAT = "not_chat"
 
 
 def decide_request(
@@ -55,20 +63,21 @@ def decide_request(
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
     try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return RequestDecision(raw, (), False)
+        body: Any = jsonbody.decode(raw)
+    except jsonbody.Unreadable as exc:
+        return RequestDecision(raw, (), False, unguarded=exc.reason)
     if not isinstance(body, dict):
-        return RequestDecision(raw, (), False)
+        return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
     key = conversation_key(headers, body, header_names)
     try:
         transcript = openai_chat.parse_request(body)
     except DialectError:
-        return RequestDecision(raw, (), False, key, model, stream)
+        return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
     actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
-    if not actions or not openai_chat.apply(body, actions):
+    out = openai_chat.apply(raw, actions, body) if actions else None
+    if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
-    return RequestDecision(orjson.dumps(body), actions, True, key, model, stream, transcript)
+    return RequestDecision(out, actions, True, key, model, stream, transcript)

@@ -195,7 +195,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
     decision = RequestDecision(raw, (), False)
     # With every request-side guard off there is nothing to decide: the body is not even parsed.
-    if app[GUARDS_KEY] and _guarded(request) and "content-encoding" not in request.headers:
+    if app[GUARDS_KEY] and _guarded(request) and "content-encoding" in request.headers:
+        decision = RequestDecision(raw, (), False, unguarded="content_encoding")
+    elif app[GUARDS_KEY] and _guarded(request):
         st.guarded_requests += 1
         decision = _decide(request, raw)
         if decision.changed:
@@ -215,6 +217,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         "rewritten": decision.changed,
         "actions": [action_summary(a) for a in decision.actions if a.fresh],
     }
+    if decision.unguarded:  # a chat request the guards could not read: counted, said in the log
+        st.unguarded[decision.unguarded] += 1
+        fields["unguarded"] = decision.unguarded
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     app[METRICS_KEY].observe_added(t_send - t_start)

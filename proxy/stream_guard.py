@@ -32,8 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from proxy import jsonbody
 from proxy.actions import Action, Cut, Stop
 from proxy.assemble import AssembledCall, CallAssembler
 from proxy.config import Config
@@ -87,7 +86,7 @@ class _Choice:
 
 
 def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + jsonbody.dumps(obj) + b"\n\n"
 
 
 def _meaningful(part: dict[str, Any]) -> bool:
@@ -192,8 +191,8 @@ class StreamGuard:
             self._hold_or_emit(_Held(ev.raw), out)
             return
         try:
-            obj = orjson.loads(ev.data)
-        except orjson.JSONDecodeError:
+            obj = jsonbody.decode(ev.data)
+        except jsonbody.Unreadable:
             obj = None
         if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
             self.complete = True  # the upstream said something itself ({"error": …}); relay it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.actions import Remind
@@ -153,8 +154,9 @@ def test_text_only_reminder_is_appended_to_the_answer() -> None:
     (action,) = guard()(transcript(h), None)
     assert (action.after, action.fresh) == (8, True)
     assert action.text.startswith("[loopguard] Your last 3 replies got the same answer each time:\n")
-    body = {"messages": [dict(m) for m in h.messages]}
-    openai_chat.apply(body, [action])
+    out = openai_chat.apply(orjson.dumps({"messages": h.messages}), [action])
+    assert out is not None
+    body = orjson.loads(out)
     assert len(body["messages"]) == len(h.messages)  # appended, never a second user message in a row
     assert body["messages"][8]["content"] == f"{HARNESS}\n\n{action.text}"
     h.say("d")

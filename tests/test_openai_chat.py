@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.actions import Remind, Withhold
 from proxy.canonical import INVALID
-from proxy.dialects.openai_chat import apply, parse_request
+from proxy.dialects.openai_chat import apply as apply_bytes
+from proxy.dialects.openai_chat import parse_request
 from proxy.errors import DialectError
 from proxy.transcript import Step, ToolResult
 
@@ -303,6 +306,17 @@ def test_parse_unreadable_body_raises_dialect_error(body: Any) -> None:
 # --- apply ---------------------------------------------------------------------------------------------
 
 
+def apply(body: dict[str, Any], actions: list[Any]) -> bool:
+    """``apply_bytes`` on ``body`` written with spaces (as json.dumps does), decoded back into
+    ``body``; True when it changed the body."""
+    out = apply_bytes(json.dumps(body).encode(), actions)
+    if out is None:
+        return False
+    body.clear()
+    body.update(json.loads(out))
+    return True
+
+
 def remind(after: int, text: str, delivery: str = "user") -> Remind:
     return Remind(
         after=after, text=text, rule="t", tool="read_file", count=3, limit=3, fresh=True, delivery=delivery
@@ -476,3 +490,106 @@ def test_apply_nothing_applicable_returns_false_and_leaves_body(actions: list[An
     before = copy.deepcopy(body)
     assert apply(body, actions) is False
     assert body == before
+
+
+# --- apply: bytes the guards did not touch leave as they came (issue 14, items 5 and 6) ----------------
+
+RAW = (
+    b'{ "model" : "m", "seed": 18446744073709551617, "temperature": 1.0, "top_p": 1E0,\n'
+    b' "messages": [ {"role": "user", "content": "hi \\udcff"},\n'
+    b'  {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",'
+    b' "function": {"name": "f", "arguments": {"n": 123456789012345678901234567890}}}]},\n'
+    b'  {"role": "tool", "tool_call_id": "c1", "content": "r1 \\u00e9"} ,\n'
+    b'  {"role": "tool", "tool_call_id": "c2", "content": [ ]},\n'
+    b'  {"role": "tool", "tool_call_id": "c3"},\n'
+    b"  {}\n"
+    b" ] }"
+)
+TAIL = b'  {"role": "tool", "tool_call_id": "c2", "content": [ ]},\n'
+
+
+@pytest.mark.parametrize(
+    ("actions", "old", "new"),
+    [
+        pytest.param(
+            [withhold(2, "denied")],
+            b'"content": "r1 \\u00e9"}',
+            b'"content": "denied"}',
+            id="withhold_string",
+        ),
+        pytest.param(
+            [remind(2, "R\u00e9", "tool_suffix")],
+            b'"r1 \\u00e9"}',
+            '"r1 \\u00e9\\n\\nR\u00e9"}'.encode(),
+            id="suffix_inside_the_quotes",
+        ),
+        pytest.param(
+            [remind(3, "R", "tool_suffix")],
+            b'"content": [ ]}',
+            b'"content": [ {"type":"text","text":"R"}]}',
+            id="suffix_to_empty_parts",
+        ),
+        pytest.param(
+            [withhold(4, "denied")],
+            b'{"role": "tool", "tool_call_id": "c3"}',
+            b'{"content":"denied","role": "tool", "tool_call_id": "c3"}',
+            id="withhold_without_content_member",
+        ),
+        pytest.param(
+            [remind(5, "R", "tool_suffix")], b"  {}\n", b'  {"content":"R"}\n', id="suffix_to_empty_object"
+        ),
+        pytest.param(
+            [remind(2, "R")],
+            b'"r1 \\u00e9"} ,',
+            b'"r1 \\u00e9"},{"role":"user","content":"R"} ,',
+            id="reminder_message_inserted",
+        ),
+    ],
+)
+def test_apply_changes_only_the_edited_bytes(actions: list[Any], old: bytes, new: bytes) -> None:
+    assert RAW.count(old) == 1
+    assert apply_bytes(RAW, actions) == RAW.replace(old, new)
+
+
+def test_apply_output_decodes_with_big_integers_exact() -> None:
+    out = apply_bytes(RAW, [withhold(2, "denied"), remind(2, "R")])
+    assert out is not None
+    body = json.loads(out)
+    assert body["seed"] == 18446744073709551617
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == {
+        "n": 123456789012345678901234567890
+    }
+    assert body["messages"][0]["content"] == "hi \udcff"
+    assert [m.get("role") for m in body["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "tool",
+        "tool",
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    "dumps",
+    [
+        pytest.param(orjson.dumps, id="compact_hints_match"),
+        pytest.param(lambda b: json.dumps(b, indent=1).encode(), id="indented_hints_miss"),
+        pytest.param(lambda b: json.dumps(b, ensure_ascii=True).encode(), id="ascii_escapes_hints_miss"),
+    ],
+)
+def test_apply_finds_the_same_spans_with_and_without_the_decoded_body(dumps: Any) -> None:
+    body = base_body()
+    body["messages"][3]["content"] = "r1 \u00e9 \U0001f600 \"q\" \\ \n"
+    raw = dumps(body)
+    actions = [withhold(3, "denied"), remind(4, "R", "tool_suffix"), remind(6, "X")]
+    out = apply_bytes(raw, actions, orjson.loads(raw))
+    assert out == apply_bytes(raw, actions)
+    assert [m.get("content") for m in json.loads(out)["messages"][3:]] == [
+        "denied",
+        [{"type": "text", "text": "r2"}, {"type": "text", "text": "R"}],
+        None,
+        "r3",
+        "X",
+    ]
