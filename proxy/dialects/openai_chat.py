@@ -18,9 +18,9 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from proxy import jsonbody
-from proxy.actions import Action, Remind, Withhold
+from proxy.actions import Action
 from proxy.canonical import parse_arguments
+from proxy.dialects import edits
 from proxy.errors import DialectError
 from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript
 
@@ -143,77 +143,19 @@ def parse_request(body: Any) -> Transcript:
     )
 
 
-Edit = tuple[int, int, bytes]
-
-
-def _replace_content(raw: bytes, fields: dict[str, tuple[int, int]], start: int, text: str) -> Edit:
-    """The edit that sets the ``content`` of the message whose ``{`` is at ``start`` to ``text``
-    (a missing member is added first in the object)."""
-    span = fields.get("content")
-    if span is not None:
-        return (span[0], span[1], jsonbody.dumps(text))
-    member = b'"content":' + jsonbody.dumps(text) + (b"," if fields else b"")
-    return (start + 1, start + 1, member)
-
-
-def _append_content(raw: bytes, fields: dict[str, tuple[int, int]], start: int, text: str) -> Edit:
-    """The edit that appends ``text`` to the ``content`` of the message at ``start``: a non-empty
-    string gets a blank line and the text inside its quotes, a parts array one more text part,
-    anything else (null, ``""``, missing) becomes the text."""
-    span = fields.get("content")
-    if span is not None:
-        vs, ve = span
-        first = raw[vs : vs + 1]
-        if first == b'"' and ve - vs > 2:
-            return (ve - 1, ve - 1, jsonbody.dumps(f"\n\n{text}")[1:-1])
-        if first == b"[":
-            part = jsonbody.dumps({"type": "text", "text": text})
-            return (ve - 1, ve - 1, (b"," + part) if jsonbody.items(raw, vs) else part)
-    return _replace_content(raw, fields, start, text)
+#: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).
+WIRE = edits.Wire(
+    items="messages",
+    result_member=lambda kind: "content",
+    text_part=lambda kind, text: {"type": "text", "text": text},
+    reminder=lambda text: {"role": "user", "content": text},
+)
 
 
 def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
-    """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read).
-    Returns the new body, or None when no action applies. ``body``: ``raw`` decoded, when the
-    caller has it (it makes finding the edited spans a compare instead of a scan,
-    :func:`proxy.jsonbody.value_end`).
-
-    Only the edited spans change (:func:`proxy.jsonbody.splice`): every other byte leaves as it
-    came. Withholds come first (a ``tool_suffix`` reminder is then appended to the denial text);
-    when several guards withhold one result, the first in registry order gives the text. Reminders
-    for one position are merged into one text, joined by a blank line, in action order. Actions
-    whose position does not exist are ignored.
+    """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read):
+    withheld results get the denial text as their ``content``, reminders become ``user`` messages
+    (or are appended to the content). Returns the new body, or None when no action applies.
+    ``body``: ``raw`` decoded, when the caller has it. Rules: :func:`proxy.dialects.edits.apply`.
     """
-    hints = body if isinstance(body, dict) else None
-    start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", hints)
-    if start is None or raw[start : start + 1] != b"[":
-        return None
-    wire = hints.get("messages") if hints is not None else None
-    messages = jsonbody.items(raw, start, wire)
-    withheld: dict[int, str] = {}
-    for a in actions:
-        if isinstance(a, Withhold) and 0 <= a.position < len(messages) and a.position not in withheld:
-            withheld[a.position] = a.text
-    grouped: dict[int, list[Remind]] = {}
-    for a in actions:
-        if isinstance(a, Remind) and 0 <= a.after < len(messages):
-            grouped.setdefault(a.after, []).append(a)
-    if not withheld and not grouped:
-        return None
-    suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
-    edits: list[Edit] = []
-    for pos in sorted(withheld.keys() | suffix.keys()):
-        start = messages[pos][0]
-        fields = jsonbody.members(raw, start, wire[pos] if isinstance(wire, list) else None)
-        if pos in withheld:
-            text = "\n\n".join(t for t in (withheld[pos], suffix.get(pos, "")) if t)
-            edits.append(_replace_content(raw, fields, start, text))
-        else:
-            edits.append(_append_content(raw, fields, start, suffix[pos]))
-    for after, group in grouped.items():
-        if after in suffix:
-            continue
-        message = {"role": "user", "content": "\n\n".join(r.text for r in group)}
-        end = messages[after][1]
-        edits.append((end, end, b"," + jsonbody.dumps(message)))
-    return jsonbody.splice(raw, edits)
+    return edits.apply(raw, actions, body, WIRE)

@@ -1,0 +1,110 @@
+"""Request-side actions written into a body as byte edits, for every dialect (issue 14, item 6).
+
+A dialect describes where its history lives and how a reminder looks (:class:`Wire`); :func:`apply`
+does the rest. Only the edited spans change (:func:`proxy.jsonbody.splice`): every other byte,
+numbers and whitespace included, leaves as it came.
+
+- ``Withhold(position)``: the result member of the item at ``position`` becomes the denial text
+  (a parts array becomes that string). When several guards withhold one result, the first in
+  registry order gives the text.
+- ``Remind(after)``: one new item right after ``after`` (the step's last result); with
+  ``delivery: tool_suffix`` the text is appended to that item's result member instead: a
+  non-empty string gets a blank line and the text inside its quotes, a parts array one more text
+  part, anything else (null, ``""``, missing) becomes the text. Reminders for one position are
+  merged into one text, joined by a blank line, in action order; a suffix goes after a denial.
+- Actions whose position does not exist are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import jsonbody
+from proxy.actions import Action, Remind, Withhold
+
+#: (start, end, replacement bytes): one edit of :func:`proxy.jsonbody.splice`.
+Edit = tuple[int, int, bytes]
+#: An item's ``type`` and ``role`` members (those present), decoded.
+Kind = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """``items``: the top-level member holding the history (a list). ``result_member(kind)``: the
+    member that holds an item's text (``content``, ``output``). ``text_part(kind, text)``: one
+    text part for that member's parts array. ``reminder(text)``: the item a reminder becomes."""
+
+    items: str
+    result_member: Callable[[Kind], str]
+    text_part: Callable[[Kind, str], dict[str, Any]]
+    reminder: Callable[[str], dict[str, Any]]
+
+
+def _kind(raw: bytes, fields: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+    return {k: json.loads(raw[fields[k][0] : fields[k][1]]) for k in ("type", "role") if k in fields}
+
+
+def _replace(fields: Mapping[str, tuple[int, int]], start: int, member: str, text: str) -> Edit:
+    span = fields.get(member)
+    if span is not None:
+        return (span[0], span[1], jsonbody.dumps(text))
+    added = jsonbody.dumps(member) + b":" + jsonbody.dumps(text) + (b"," if fields else b"")
+    return (start + 1, start + 1, added)  # a missing member goes first in the object
+
+
+def _append(
+    raw: bytes, fields: Mapping[str, tuple[int, int]], start: int, member: str, part: dict[str, Any]
+) -> Edit:
+    text = part["text"]
+    span = fields.get(member)
+    if span is not None:
+        vs, ve = span
+        first = raw[vs : vs + 1]
+        if first == b'"' and ve - vs > 2:
+            return (ve - 1, ve - 1, jsonbody.dumps(f"\n\n{text}")[1:-1])
+        if first == b"[":
+            encoded = jsonbody.dumps(part)
+            return (ve - 1, ve - 1, (b"," + encoded) if jsonbody.items(raw, vs) else encoded)
+    return _replace(fields, start, member, text)
+
+
+def apply(raw: bytes, actions: Sequence[Action], body: Any, wire: Wire) -> bytes | None:
+    """Write ``actions`` into ``raw`` (rules in the module docstring). Returns the new body, or
+    None when no action applies. ``body``: ``raw`` decoded, or None; with it, finding the edited
+    spans is a compare instead of a scan (:func:`proxy.jsonbody.value_end`)."""
+    hints = body if isinstance(body, dict) else None
+    start = jsonbody.member_start(raw, jsonbody.root(raw), wire.items, hints)
+    if start is None or raw[start : start + 1] != b"[":
+        return None
+    listed = hints.get(wire.items) if hints is not None else None
+    spans = jsonbody.items(raw, start, listed)
+    withheld: dict[int, str] = {}
+    for a in actions:
+        if isinstance(a, Withhold) and 0 <= a.position < len(spans) and a.position not in withheld:
+            withheld[a.position] = a.text
+    grouped: dict[int, list[Remind]] = {}
+    for a in actions:
+        if isinstance(a, Remind) and 0 <= a.after < len(spans):
+            grouped.setdefault(a.after, []).append(a)
+    if not withheld and not grouped:
+        return None
+    suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
+    out: list[Edit] = []
+    for pos in sorted(withheld.keys() | suffix.keys()):
+        item_start = spans[pos][0]
+        fields = jsonbody.members(raw, item_start, listed[pos] if isinstance(listed, list) else None)
+        kind = _kind(raw, fields)
+        member = wire.result_member(kind)
+        if pos in withheld:
+            text = "\n\n".join(t for t in (withheld[pos], suffix.get(pos, "")) if t)
+            out.append(_replace(fields, item_start, member, text))
+        else:
+            out.append(_append(raw, fields, item_start, member, wire.text_part(kind, suffix[pos])))
+    for after, group in grouped.items():
+        if after not in suffix:
+            end = spans[after][1]
+            out.append((end, end, b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))))
+    return jsonbody.splice(raw, out)
