@@ -3,8 +3,9 @@
 Decisions never need it (they are a pure function of the history); stats, narration timing and
 incident records do. Order: the first configured header present (default ``x-session-id``,
 ``session_id``, ``conversation_id``), else the body's ``prompt_cache_key``, else a fingerprint:
-``fp-`` + the first 16 hex digits of SHA-256 over the first system/developer message, the first
-user message and the id of the first tool call. The same conversation keeps its key as it grows.
+``fp-`` + the first 16 hex digits of SHA-256 over the first system/developer message (Responses:
+``instructions``), the first user message and the id of the first tool call. The history is the
+chat ``messages`` or the Responses ``input`` (items). The same conversation keeps its key as it grows.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
 
 def _first_call_id(messages: list[Any]) -> Any:
     for m in messages:
-        if isinstance(m, dict) and isinstance(m.get("tool_calls"), list):
+        if not isinstance(m, dict):
+            continue
+        if isinstance(m.get("tool_calls"), list):  # chat: an assistant message's calls
             for tc in m["tool_calls"]:
                 if isinstance(tc, dict):
                     return tc.get("id")
+        if m.get("type") in ("function_call", "custom_tool_call"):  # Responses: a call item
+            return m.get("call_id")
     return None
 
 
@@ -44,9 +49,14 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
         if isinstance(pck, str) and pck:
             return pck
         messages = body.get("messages")
+        if "messages" not in body:
+            messages = body.get("input")
+            if isinstance(messages, str):  # Responses: one user message
+                messages = [{"role": "user", "content": messages}]
         if isinstance(messages, list):
+            instructions = body.get("instructions")
             parts = [
-                _first(messages, ("system", "developer")),
+                instructions if isinstance(instructions, str) else _first(messages, ("system", "developer")),
                 _first(messages, ("user",)),
                 _first_call_id(messages),
             ]

@@ -16,7 +16,7 @@ from typing import Any
 from proxy import jsonbody
 from proxy.actions import Action
 from proxy.conversation import conversation_key
-from proxy.dialects import openai_chat
+from proxy.dialects import Dialect, openai_chat
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
 from proxy.state import ConversationState
@@ -54,8 +54,10 @@ def decide_request(
     header_names: Sequence[str],
     now_ms: int = 0,
     state_for: Callable[[str], ConversationState | None] | None = None,
+    dialect: Dialect = openai_chat,  # type: ignore[assignment]
 ) -> RequestDecision:
-    """Parse a chat-completions request body, run the guards, apply their actions.
+    """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
+    their actions.
 
     ``state_for(conversation_key)`` gives the remembered state handed to the guards in
     ``Context.state`` (read only; None = no state, as after a restart).
@@ -72,12 +74,12 @@ def decide_request(
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
     key = conversation_key(headers, body, header_names)
     try:
-        transcript = openai_chat.parse_request(body)
+        transcript = dialect.parse_request(body)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
     actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
-    out = openai_chat.apply(raw, actions, body) if actions else None
+    out = dialect.apply(raw, actions, body) if actions else None
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
     return RequestDecision(out, actions, True, key, model, stream, transcript)

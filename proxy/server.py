@@ -36,9 +36,9 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import forward, relay
+from proxy import dialects, forward, relay
 from proxy.config import Config
-from proxy.dialects.openai_chat import PATH_SUFFIX
+from proxy.dialects import openai_chat
 from proxy.guards import Guard, build_guards
 from proxy.incidents import IncidentLog
 from proxy.memory import Memory
@@ -142,11 +142,17 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATS_KEY].snapshot(), dumps=lambda o: orjson.dumps(o).decode())
 
 
+def _dialect(request: web.Request) -> dialects.Dialect | None:
+    """The dialect that guards this request (:data:`proxy.dialects.REGISTRY`), None = passthrough."""
+    return dialects.for_path(request.path) if request.method == "POST" else None
+
+
 def _guarded(request: web.Request) -> bool:
-    return request.method == "POST" and request.path.endswith(PATH_SUFFIX)
+    """True when the response side reads the answer (chat completions only, so far)."""
+    return _dialect(request) is openai_chat
 
 
-def _decide(request: web.Request, raw: bytes) -> RequestDecision:
+def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
     app = request.app
     guards: tuple[Guard, ...] = app[GUARDS_KEY]
     memory = app[MEMORY_KEY]
@@ -159,6 +165,7 @@ def _decide(request: web.Request, raw: bytes) -> RequestDecision:
             app[CONFIG_KEY].conversation_key.headers,
             now_ms=now_ms,
             state_for=memory.state_for(now_ms),
+            dialect=dialect,
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1
@@ -195,11 +202,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
     decision = RequestDecision(raw, (), False)
     # With every request-side guard off there is nothing to decide: the body is not even parsed.
-    if app[GUARDS_KEY] and _guarded(request) and "content-encoding" in request.headers:
+    dialect = _dialect(request) if app[GUARDS_KEY] else None
+    if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
-    elif app[GUARDS_KEY] and _guarded(request):
+    elif dialect is not None:
         st.guarded_requests += 1
-        decision = _decide(request, raw)
+        decision = _decide(request, raw, dialect)
         if decision.changed:
             st.rewritten_requests += 1
         st.record_actions(decision.actions)
