@@ -12,7 +12,9 @@ the same bytes.
   identical test runs; it ends inside such a loop, so every request carries a fresh reminder and a
   fresh denial plus all the re-derived ones. 1 MiB is about 300 calls.
 - :func:`memory_body`: request ``j`` of conversation ``c`` (distinct conversations by their first
-  messages) of a small looping agent, for the bounded-state test.
+  messages) of a small looping agent, for the bounded-state test and the soak (``bench/soak.py``).
+- :func:`plain_body`: request ``j`` of conversation ``c`` of an agent that makes progress (every
+  call and result new): nothing for the guards to do, for the soak.
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ def count_calls(body: bytes) -> int:
     return sum(len(m.get("tool_calls") or []) for m in orjson.loads(body)["messages"])
 
 
-def memory_body(conversation: int, request: int) -> bytes:
+def memory_body(conversation: int, request: int, stream: bool = False) -> bytes:
     """Request ``request`` (1-based) of conversation ``conversation``: a looping agent that has
     made ``request + 2`` identical calls (reminders from request 1, denials from request 5)."""
     messages: list[dict[str, Any]] = [
@@ -211,7 +213,22 @@ def memory_body(conversation: int, request: int) -> bytes:
             {"command": f"systemctl status svc-{conversation}", "description": f"check {i}"},
             result,
         )
-    return _body(messages, False)
+    return _body(messages, stream)
+
+
+def plain_body(conversation: int, request: int, stream: bool = False) -> bytes:
+    """Request ``request`` (1-based) of conversation ``conversation`` of an agent that is getting
+    somewhere: ``request - 1`` different calls (files read, searched, edited, tested), each with a
+    result of its own, so no guard has anything to say. Request 1 is a plain chat (no calls yet)."""
+    rng = random.Random(conversation)  # request j's history is request j-1's plus one step
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": f"{SYSTEM} Workspace {conversation}."},
+        {"role": "user", "content": f"Task {conversation}: add a --verbose flag to the CLI."},
+    ]
+    for k in range(1, request):
+        name, args, result = _work_call(rng, conversation * 100 + k)
+        messages += _step(f"call_p{conversation}_{k}", name, args, result[:1200])
+    return _body(messages, stream)
 
 
 # --- canned upstream responses --------------------------------------------------------------------
