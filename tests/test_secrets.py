@@ -5,8 +5,9 @@ A full run of the real ``loopguard serve`` (a child process, ``--log-level debug
 fake model that loops, so that reminders, withholds, stops, cuts and circuit-breaker incidents
 happen, with a marker in every request header, the upstream URL's credentials and query, every
 message, the tool definitions, every tool call id and argument, every tool result, the model's
-answers and the model's response headers; JSON and SSE; plus malformed requests that make aiohttp
-log, upstream failures and agent disconnects. Then the marker must be in none of: stdout, stderr,
+answers and the model's response headers; chat completions JSON and SSE, and the Responses API
+(``POST /v1/responses``); plus malformed requests that make aiohttp log, upstream failures and
+agent disconnects. Then the marker must be in none of: stdout, stderr,
 the incident log, ``GET /loop-guard/metrics``, ``GET /loop-guard`` and its per-conversation views,
 ``GET /loop-guard/healthz``.
 
@@ -88,6 +89,30 @@ def answer_for(mode: str, n: int) -> tuple[list[dict[str, Any]] | None, str | No
     return [loop_call(n)], f"Let me read the file again, {MARKER}."
 
 
+def responses_answer(n: int) -> dict[str, Any]:
+    """The looping model's answer in the Responses API: some text and the same call again."""
+    call = loop_call(n)
+    return {
+        "id": f"resp_{MARKER}",
+        "object": "response",
+        "model": "fake-model",
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": f"Reading it again, {MARKER}."}],
+            },
+            {
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": "read_file",
+                "arguments": call["function"]["arguments"],
+            },
+        ],
+    }
+
+
 async def model(request: web.Request, body: bytes) -> web.StreamResponse:
     mode = request.headers.get("x-fake-mode", "loop")
     if request.method == "GET":  # /v1/models and the like
@@ -114,6 +139,9 @@ async def model(request: web.Request, body: bytes) -> web.StreamResponse:
         )
         request.transport.close()
         return web.Response()
+    if request.path.endswith("/responses"):
+        n = sum(1 for item in req.get("input", []) if item.get("type") == "function_call")
+        return web.json_response(responses_answer(n), headers=UPSTREAM_HEADERS)
     n = sum(1 for m in req.get("messages", []) if m.get("role") == "assistant")
     calls, content = answer_for(mode, n)
     if not req.get("stream"):
@@ -252,6 +280,45 @@ async def conversation(
     return statuses
 
 
+async def responses_conversation(
+    s: aiohttp.ClientSession, base: str, key: str | None, steps: int
+) -> list[int]:
+    """The same looping agent on ``POST /v1/responses``: input items, each call's output the same."""
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": f"Fix the bug; my password is {MARKER}."},
+    ]
+    statuses = []
+    for _ in range(steps):
+        body = {
+            "model": "fake-model",
+            "instructions": f"You are an agent. The deploy key is {MARKER}.",
+            "input": items,
+            "user": MARKER,
+            "tools": [{"type": "function", "name": "read_file", "description": MARKER, "parameters": {}}],
+        }
+        async with s.post(
+            f"{base}/v1/responses?api-version={MARKER}",
+            data=orjson.dumps(body),
+            headers=agent_headers(key, "loop"),
+        ) as r:
+            statuses.append(r.status)
+            answer = await r.json()
+        if not any(item["type"] == "function_call" for item in answer["output"]):  # stopped
+            items += [*answer["output"], {"role": "user", "content": f"continue {MARKER}"}]
+            continue
+        for item in answer["output"]:
+            items.append(item)
+            if item["type"] == "function_call":
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": item["call_id"],
+                        "output": f"def f():  # {MARKER}",
+                    }
+                )
+    return statuses
+
+
 async def hang_up_mid_stream(s: aiohttp.ClientSession, base: str) -> None:
     """An agent that reads the start of a stream and goes away."""
     messages = first_messages()
@@ -374,7 +441,11 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
                 ("conv-drop", "drop", True, 1),
                 ("conv-bad-header", "bad_header", False, 1),
             ]
-            statuses = await asyncio.gather(*(conversation(s, base, *run) for run in runs))
+            statuses = await asyncio.gather(
+                *(conversation(s, base, *run) for run in runs),
+                responses_conversation(s, base, "conv-responses", 10),
+                responses_conversation(s, base, None, 8),
+            )
             assert [502] in statuses and [500] in statuses and [-1] in statuses, statuses
             await hang_up_mid_stream(s, base)
             # passthrough paths, a long (accepted) Authorization, a body over max_body_mb, not JSON
@@ -453,6 +524,8 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
     assert any(x.get("disconnected") for x in requests)
     assert any(x.get("upstream_error") for x in requests)
     assert {x["conversation"] for x in requests} >= {"conv-json", "conv-sse", "conv-failing"}
+    on_responses = Counter(a["rule"] for x in requests if x["path"] == "/v1/responses" for a in x["actions"])
+    assert on_responses["repeat_reminder"] > 0 and on_responses["circuit_breaker"] > 0, on_responses
     kinds = Counter(orjson.loads(x)["kind"] for x in incident_log.splitlines())
     assert kinds["duplicate"] >= 2 and kinds["stop"] >= 2, kinds
     stats = orjson.loads(views["/loop-guard"])
