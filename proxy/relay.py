@@ -1,6 +1,9 @@
-"""The response side at the edge (aiohttp): relay a chat-completion answer through the guards.
+"""The response side at the edge (aiohttp): relay a chat-completion or Responses answer through the
+guards (:mod:`proxy.stream_guard` / :mod:`proxy.response` for chat, :mod:`proxy.responses_answer`
+for the Responses API).
 
-Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` with status 200,
+Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` and
+``POST …/responses`` with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
 A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
 re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
@@ -27,12 +30,14 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from proxy import responses_answer
 from proxy.actions import Action, Stop
 from proxy.config import Config
 from proxy.guards import Context, Guard
 from proxy.incidents import IncidentLog
 from proxy.observe import Stats, action_summary
 from proxy.response import StopJudge, decide_json, earlier_stops
+from proxy.responses_answer import ResponsesStreamGuard
 from proxy.rewrite import RequestDecision
 from proxy.stream_guard import StreamGuard
 
@@ -46,6 +51,8 @@ class ResponseSide:
     kind: str  # "sse" | "json"
     cfg: Config
     judge: StopJudge | None
+    #: the answer's wire: ``chat`` (chat completions) or ``responses`` (the Responses API)
+    wire: str = "chat"
     actions: list[Action] = field(default_factory=list)
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
     #: is done, not gone (issue 14, item 12)
@@ -63,13 +70,14 @@ def enabled(cfg: Config) -> bool:
 
 
 def plan(
-    guarded: bool,
+    guarded: bool | str,
     upstream: aiohttp.ClientResponse,
     decision: RequestDecision | None,
     guards: tuple[Guard, ...],
     cfg: Config,
 ) -> ResponseSide | None:
-    """The response side for this upstream response, or None for plain passthrough."""
+    """The response side for this upstream response, or None for plain passthrough. ``guarded``:
+    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None."""
     if not guarded or upstream.status != 200 or not enabled(cfg):
         return None
     if "content-encoding" in upstream.headers:
@@ -85,7 +93,7 @@ def plan(
     if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
         ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
         judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
-    return ResponseSide(kind, cfg, judge)
+    return ResponseSide(kind, cfg, judge, "chat" if guarded is True else str(guarded))
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -105,7 +113,8 @@ async def relay_sse(
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge)
+    kind = ResponsesStreamGuard if side.wire == "responses" else StreamGuard
+    guard: StreamGuard | ResponsesStreamGuard | None = kind(side.cfg, side.judge)
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
@@ -178,7 +187,8 @@ async def relay_json(
         raise
     raw = bytes(body)
     try:
-        new, actions = decide_json(raw, side.judge, side.cfg)
+        decide = responses_answer.decide_json if side.wire == "responses" else decide_json
+        new, actions = decide(raw, side.judge, side.cfg)
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)

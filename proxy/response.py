@@ -384,13 +384,15 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
         body = jsonbody.decode(request_body)
     except jsonbody.Unreadable:
         return []
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
+    messages = body.get("messages", body.get("input")) if isinstance(body, dict) else None
+    if not isinstance(messages, list):  # chat messages, or Responses input items
         return []
     patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
     out: list[Stop] = []
     for msg in messages:
         if not isinstance(msg, dict) or msg.get("role") != "assistant" or msg.get("tool_calls"):
+            continue
+        if msg.get("type", "message") != "message":
             continue
         content = msg.get("content")
         if isinstance(content, list):

@@ -38,7 +38,7 @@ from multidict import CIMultiDict
 
 from proxy import dialects, forward, relay
 from proxy.config import Config
-from proxy.dialects import openai_chat
+from proxy.dialects import openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
 from proxy.incidents import IncidentLog
 from proxy.memory import Memory
@@ -142,14 +142,26 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATS_KEY].snapshot(), dumps=lambda o: orjson.dumps(o).decode())
 
 
+def _error_event(request: web.Request, message: str, type_: str, code: int) -> bytes:
+    """The SSE event that ends a broken stream: ``data: {"error": …}`` for chat completions, an
+    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API."""
+    if _guarded(request) == "responses":
+        obj = {"type": "error", "code": type_, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + _error_body(message, type_, code) + b"\n\n"
+
+
 def _dialect(request: web.Request) -> dialects.Dialect | None:
     """The dialect that guards this request (:data:`proxy.dialects.REGISTRY`), None = passthrough."""
     return dialects.for_path(request.path) if request.method == "POST" else None
 
 
-def _guarded(request: web.Request) -> bool:
-    """True when the response side reads the answer (chat completions only, so far)."""
-    return _dialect(request) is openai_chat
+def _guarded(request: web.Request) -> str | None:
+    """The wire of the answer the response side reads (``chat``, ``responses``), or None."""
+    dialect = _dialect(request)
+    if dialect is openai_chat:
+        return "chat"
+    return "responses" if dialect is openai_responses else None
 
 
 def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
@@ -338,9 +350,7 @@ async def _forward(
                 if upstream.content_type == "text/event-stream":
                     with contextlib.suppress(Exception):
                         await response.write(
-                            b"data: "
-                            + _error_body("loopguard is shutting down", "proxy_shutdown", 503)
-                            + b"\n\n"
+                            _error_event(request, "loopguard is shutting down", "proxy_shutdown", 503)
                         )
                 if request.transport is not None:
                     request.transport.close()
@@ -355,13 +365,12 @@ async def _forward(
             if upstream.content_type == "text/event-stream":
                 with contextlib.suppress(Exception):
                     await response.write(
-                        b"data: "
-                        + _error_body(
+                        _error_event(
+                            request,
                             "loopguard: upstream closed the stream before it finished",
                             "upstream_disconnected",
                             502,
                         )
-                        + b"\n\n"
                     )
             # Close without the terminating chunk: the agent must not mistake this for success.
             if request.transport is not None:

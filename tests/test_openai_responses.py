@@ -263,15 +263,32 @@ async def test_server_guards_responses_requests(upstream: FakeUpstream, make_pro
     looping = json.dumps(responses_body(repeated_call_messages(7))).encode()
     plain = json.dumps(responses_body(repeated_call_messages(1))).encode()
     async with aiohttp.ClientSession() as s:
+        answers = []
         for raw in (looping, plain, b'"hi"'):
             async with s.post(
                 f"{base}/v1/responses", data=raw, headers={"Content-Type": "application/json"}
             ) as r:
-                assert (r.status, await r.read()) == (200, ANSWER)
+                answers.append((r.status, await r.read()))
         async with s.get(f"{base}/loop-guard") as r:
             stats = await r.json()
     got = [r.body for r in upstream.requests]
     assert got == [decide_request(looping, {}, GUARDS, (), dialect=openai_responses).body, plain, b'"hi"']
     assert got[0] != looping
-    assert (stats["guarded_requests"], stats["rewritten_requests"], stats["results_withheld"]) == (3, 1, 2)
+    assert answers[1:] == [(200, ANSWER), (200, ANSWER)]  # nothing to decide: byte for byte
+    stopped = json.loads(answers[0][1])  # the looping answer ends the turn (responses_answer)
+    assert [(i["type"], i["role"]) for i in stopped["output"]] == [("message", "assistant")]
+    text = stopped["output"][0]["content"][0]["text"]
+    assert text.startswith("[loopguard] Stopped: the model kept calling read_file")
+    assert stopped["usage"] == json.loads(ANSWER)["usage"]
+    assert (
+        stats["guarded_requests"],
+        stats["rewritten_requests"],
+        stats["results_withheld"],
+        stats["stops"],
+    ) == (
+        3,
+        1,
+        2,
+        1,
+    )
     assert stats["unguarded"] == {NOT_CHAT: 1}

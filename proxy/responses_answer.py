@@ -1,0 +1,545 @@
+"""The response side of the OpenAI Responses API (issue 11), sans-I/O: a ``response`` object (JSON)
+or its SSE events in, what the agent receives out. The same decisions as for chat completions
+(:mod:`proxy.response`: the stop judge, the runaway cut, degenerate text), written for this wire.
+
+SSE (:class:`ResponsesStreamGuard`): frames are ``event: <type>`` + ``data: {"type": <type>,
+"sequence_number": n, …}``; there is no ``[DONE]``. Events go to the agent as their exact upstream
+bytes as soon as they are complete, except that from a call's ``response.output_item.added``
+(item ``function_call`` / ``custom_tool_call``) on, **events are held** (its argument deltas,
+``.done``, ``output_item.done``, and everything after, to keep the order) until the decision at
+``response.completed``.
+
+- Nothing decided → the held bytes are released unchanged.
+- **Stop** → the held call items' events are dropped; a new assistant ``message`` item carrying
+  the stop text is emitted (``output_item.added``, ``content_part.added``,
+  ``output_text.delta``, ``output_text.done``, ``content_part.done``, ``output_item.done``), and
+  ``response.completed`` lists the items the agent saw plus that message, no call items.
+- **Runaway** (too many calls, or too many identical ones, in one response) → as soon as a call
+  past the limit starts (or an identical one completes), the upstream is closed; the kept calls'
+  events are released and a ``response.completed`` listing exactly the items kept ends the stream.
+- **Degenerate text** (:mod:`proxy.degenerate`, in ``output_text`` or reasoning deltas) → the
+  upstream is closed; held call events are dropped and ``response.incomplete``
+  (``incomplete_details.reason: "max_output_tokens"``) ends the stream.
+- Once anything is dropped or inserted, every event after it is re-serialized with
+  ``sequence_number`` renumbered (strictly increasing, no gaps from there) and ``output_index``
+  mapped to the items the agent saw (the SDK's stream accumulator indexes its output list by it).
+- ``response.incomplete``, ``response.failed``, ``error``, an event that is not JSON or has no
+  ``type``, or an event past :data:`proxy.stream_guard.MAX_EVENT_BYTES` → everything held is
+  released unchanged and the rest of the stream passes through unread.
+
+JSON (:func:`decide_json`): the same decisions on a whole ``response`` object. Stop → its
+``output`` keeps the items that are neither calls nor assistant messages, then one assistant
+message with one ``output_text`` part: the answer's text, a blank line and the stop text.
+
+Byte accounting for fail-open, as in :class:`proxy.stream_guard.StreamGuard`: ``received`` counts
+the bytes fed, ``settled`` those whose fate is decided.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import jsonbody
+from proxy.actions import Action, Cut, Stop
+from proxy.assemble import AssembledCall
+from proxy.config import Config
+from proxy.degenerate import RepetitionDetector
+from proxy.response import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.sse import SSEEvent, SSEFramer
+from proxy.stream_guard import MAX_EVENT_BYTES, Output
+
+CALL_ITEMS = frozenset(("function_call", "custom_tool_call"))
+_ARG_DELTAS = frozenset(("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"))
+_ARG_DONE = frozenset(("response.function_call_arguments.done", "response.custom_tool_call_input.done"))
+_REASONING_DELTAS = frozenset(("response.reasoning_text.delta", "response.reasoning_summary_text.delta"))
+#: Events after which the upstream says no more: released as they are.
+_ENDS = frozenset(("response.incomplete", "response.failed", "error"))
+_ids = itertools.count(1)
+
+
+def _call_of(item: dict[str, Any], index: int | None = None) -> AssembledCall:
+    raw = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+    name = item.get("name")
+    cid = item.get("call_id")
+    return AssembledCall(
+        id=cid if isinstance(cid, str) else None,
+        name=name if isinstance(name, str) else "",
+        arguments=raw if isinstance(raw, str) else "",
+        index=index,
+    )
+
+
+def _message_text(item: dict[str, Any]) -> str:
+    content = item.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        p["text"]
+        for p in content
+        if isinstance(p, dict) and p.get("type") == "output_text" and isinstance(p.get("text"), str)
+    )
+
+
+def stop_message(text: str, item_id: str | None = None) -> dict[str, Any]:
+    """The assistant ``message`` item carrying ``text`` (status completed)."""
+    return {
+        "id": item_id or f"msg_loopguard_{next(_ids)}",
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def _without_calls(output: list[Any], drop: set[int]) -> list[Any]:
+    """``output`` without the call items whose ordinal among the call items is in ``drop``
+    (ordinals, not ``call_id``: a model repeating itself may repeat the id too)."""
+    kept: list[Any] = []
+    k = -1
+    for item in output:
+        if isinstance(item, dict) and item.get("type") in CALL_ITEMS:
+            k += 1
+            if k in drop:
+                continue
+        kept.append(item)
+    return kept
+
+
+def _is_assistant_message(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "message" and item.get("role") == "assistant"
+
+
+def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes | None, list[Action]]:
+    """Decide on a whole ``response`` object. Returns the rewritten body (None = forward the
+    original bytes) and the actions taken. A body that is not a response is left alone."""
+    try:
+        obj = jsonbody.decode(raw)
+    except jsonbody.Unreadable:
+        return None, []
+    if not isinstance(obj, dict) or not isinstance(obj.get("output"), list):
+        return None, []
+    output: list[Any] = obj["output"]
+    actions: list[Action] = []
+    call_items = [i for i in output if isinstance(i, dict) and i.get("type") in CALL_ITEMS]
+    calls = [_call_of(item, k) for k, item in enumerate(call_items)]
+    text = "".join(_message_text(i) for i in output if _is_assistant_message(i))
+    repeats = detect_text(text, cfg) if text else None
+    if repeats:
+        actions.append(
+            Cut(DEGENERATE_RULE, "", repeats, cfg.response.degenerate_text.min_repeats, "content", False)
+        )
+    cut = runaway_cut(calls, cfg.response)
+    kept = calls[: cut.count] if cut else calls
+    if cut:
+        actions.append(cut)
+    stop = judge(kept, text) if judge is not None else None
+    if stop is not None:
+        actions.append(stop)
+        said = f"{text}\n\n{stop.text}" if text.strip() else stop.text
+        rest = [
+            i
+            for i in output
+            if not (isinstance(i, dict) and i.get("type") in CALL_ITEMS) and not _is_assistant_message(i)
+        ]
+        obj["output"] = [*rest, stop_message(said)]
+        obj["status"] = "completed"
+        return jsonbody.dumps(obj), actions
+    if cut:
+        dropped = {id(i) for i in call_items[cut.count :]}
+        obj["output"] = [i for i in output if id(i) not in dropped]
+        return jsonbody.dumps(obj), actions
+    return None, actions
+
+
+@dataclass(slots=True)
+class _Held:
+    raw: bytes
+    obj: dict[str, Any] | None = None
+    call: int | None = None  # index into the calls of the call item this event belongs to
+
+
+class ResponsesStreamGuard:
+    """One streamed Responses answer. Same interface as :class:`proxy.stream_guard.StreamGuard`:
+    :meth:`feed`, :meth:`finish`, :meth:`release`, ``actions``, ``complete``, ``received``,
+    ``settled``, ``aborted``."""
+
+    __slots__ = (
+        "_base",
+        "_calls",
+        "_cfg",
+        "_client_items",
+        "_content",
+        "_done_calls",
+        "_framer",
+        "_held",
+        "_index_map",
+        "_item_call",
+        "_items",
+        "_judge",
+        "_reasoning",
+        "_renumber",
+        "_seq",
+        "_state",
+        "_text",
+        "actions",
+        "complete",
+        "received",
+        "settled",
+    )
+
+    def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
+        self._cfg = cfg
+        self._judge = judge
+        self._framer = SSEFramer()
+        self._held: list[_Held] = []
+        self._calls: list[AssembledCall] = []
+        self._item_call: dict[Any, int] = {}  # item id / output_index → call index
+        self._done_calls = 0
+        self._items: dict[int, dict[str, Any]] = {}  # upstream output_index → finished item
+        self._base: dict[str, Any] = {}
+        self._text: list[str] = []
+        dcfg = cfg.response.degenerate_text
+        self._content = RepetitionDetector(dcfg) if dcfg.enabled else None
+        self._reasoning = RepetitionDetector(dcfg) if dcfg.enabled else None
+        self._seq: int | None = None  # the last sequence_number the agent got
+        self._renumber = False
+        self._client_items = 0  # output items the agent has seen added
+        self._index_map: dict[int, int] = {}  # upstream output_index → the agent's
+        self._state = "inspect"  # | "pass" | "done"
+        self.actions: list[Action] = []
+        self.received = 0
+        self.settled = 0
+        #: the stream said how it ended (a terminal event, something unread, or our own cut)
+        self.complete = False
+
+    @property
+    def aborted(self) -> bool:
+        return self._state == "done"
+
+    # --- input ------------------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> Output:
+        """Bytes from the upstream; returns what the agent gets now."""
+        self.received += len(chunk)
+        if self._state == "done":
+            self.settled = self.received
+            return Output()
+        if self._state == "pass":
+            self.settled += len(chunk)
+            return Output(chunk)
+        out = bytearray()
+        for ev in self._framer.feed(chunk):
+            if self._state == "inspect":
+                self._event(ev, out)
+            elif self._state == "pass":
+                self._emit_raw(ev.raw, out)
+            if self._state == "done":
+                self.settled = self.received
+                return Output(bytes(out), abort=True)
+        if self._state == "inspect" and self._framer.pending > MAX_EVENT_BYTES:
+            self.complete = True
+            self._give_up(out)
+        if self._state == "pass":
+            self._emit_raw(self._framer.finish(), out)
+        return Output(bytes(out))
+
+    def finish(self) -> bytes:
+        """The upstream ended the stream: release everything (no terminal event: nothing to
+        decide on, ``complete`` stays False)."""
+        if self._state == "done":
+            return b""
+        out = bytearray()
+        self._give_up(out)
+        self._emit_raw(self._framer.finish(), out)
+        return bytes(out)
+
+    def release(self) -> bytes:
+        """Everything held, unchanged (the upstream failed mid-stream); passthrough from here."""
+        if self._state == "done":
+            return b""
+        out = bytearray()
+        self._give_up(out)
+        self._emit_raw(self._framer.finish(), out)
+        return bytes(out)
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def _event(self, ev: SSEEvent, out: bytearray) -> None:
+        if ev.data is None:
+            self._hold_or_emit(_Held(ev.raw), out)
+            return
+        try:
+            obj = jsonbody.decode(ev.data)
+        except jsonbody.Unreadable:
+            obj = None
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if not isinstance(kind, str):
+            self.complete = True  # not an event of this grammar: relay the rest unread
+            self._give_up(out)
+            self._emit_raw(ev.raw, out)
+            return
+        assert isinstance(obj, dict)
+        if kind in ("response.created", "response.in_progress") and isinstance(obj.get("response"), dict):
+            self._base = obj["response"]
+        call = self._track(kind, obj)
+        if kind in _ENDS:
+            self.complete = True
+            self._give_up(out)
+            self._emit_raw(ev.raw, out)
+            return
+        held = _Held(ev.raw, obj, call)
+        if kind == "response.completed":
+            self.complete = True
+            self._held.append(held)
+            self._decide(out)
+            self._state = "pass"
+            return
+        self._hold_or_emit(held, out)
+        cut = self._text_cut(kind, obj)
+        if cut is not None:
+            self.actions.append(cut)
+            self._abort_incomplete(out)
+            return
+        if call is not None and kind in ("response.output_item.added", "response.output_item.done"):
+            runaway = self._runaway()
+            if runaway is not None:
+                self._abort_runaway(runaway, out)
+
+    def _track(self, kind: str, obj: dict[str, Any]) -> int | None:
+        """Follow the call items; returns the index of the call this event belongs to."""
+        item = obj.get("item")
+        if kind in ("response.output_item.added", "response.output_item.done") and isinstance(item, dict):
+            oi = obj.get("output_index")
+            if item.get("type") not in CALL_ITEMS:
+                if kind == "response.output_item.done" and isinstance(oi, int):
+                    self._items[oi] = item
+                return None
+            if kind == "response.output_item.added":
+                k = len(self._calls)
+                self._calls.append(_call_of(item, k))
+                self._item_call[item.get("id")] = k
+                self._item_call[("oi", oi)] = k
+                return k
+            k = self._item_call.get(item.get("id"), self._item_call.get(("oi", oi)))
+            if k is None:
+                return None
+            self._calls[k] = _call_of(item, k)
+            self._done_calls += 1
+            if isinstance(oi, int):
+                self._items[oi] = item
+            return k
+        if kind in _ARG_DELTAS or kind in _ARG_DONE:
+            k = self._item_call.get(obj.get("item_id"), self._item_call.get(("oi", obj.get("output_index"))))
+            if k is None:
+                return None
+            c = self._calls[k]
+            if kind in _ARG_DONE:
+                full = obj.get("arguments", obj.get("input"))
+                if isinstance(full, str):
+                    c.arguments = full
+            elif isinstance(obj.get("delta"), str) and isinstance(c.arguments, str):
+                c.arguments += obj["delta"]
+            return k
+        return None
+
+    def _text_cut(self, kind: str, obj: dict[str, Any]) -> Cut | None:
+        delta = obj.get("delta")
+        if not isinstance(delta, str) or not delta:
+            return None
+        if kind == "response.output_text.delta":
+            self._text.append(delta)
+            detector, reason = self._content, "content"
+        elif kind in _REASONING_DELTAS:
+            detector, reason = self._reasoning, "reasoning"
+        else:
+            return None
+        rep = detector.feed(delta) if detector is not None else None
+        if rep is None:
+            return None
+        return Cut(DEGENERATE_RULE, "", rep.repeats, self._cfg.response.degenerate_text.min_repeats, reason)
+
+    def _runaway(self) -> Cut | None:
+        cfg = self._cfg.response
+        if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
+            return None
+        return runaway_cut(self._calls, cfg, self._done_calls)
+
+    # --- decisions --------------------------------------------------------------------------------
+
+    def _decide(self, out: bytearray) -> None:
+        """``response.completed`` arrived (it is the last held event)."""
+        cut = self._runaway()
+        kept = self._calls[: cut.count] if cut else self._calls
+        if cut is not None:
+            self.actions.append(cut)
+        text = "".join(self._text)
+        stop = self._judge(kept, text) if self._judge is not None else None
+        if stop is not None:
+            self.actions.append(stop)
+            self._render(out, drop=set(range(len(self._calls))), stop=stop)
+        elif cut is not None:
+            self._render(out, drop=set(range(cut.count, len(self._calls))))
+        else:
+            for h in self._held:
+                self._emit_event(h, out)
+            self._held.clear()
+
+    def _render(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
+        """Release the held events without those of the dropped calls; before the final
+        ``response.completed``, the stop message's events; that event's output rewritten."""
+        completed = (
+            self._held.pop() if self._held and self._is(self._held[-1], "response.completed") else None
+        )
+        for h in self._held:
+            if h.call is not None and h.call in drop:
+                self.settled += len(h.raw)
+                self._renumber = True  # the agent's output indexes shift from here
+                continue
+            self._emit_event(h, out)
+        self._held.clear()
+        message = self._emit_stop(stop, out) if stop is not None else None
+        if completed is not None and completed.obj is not None:
+            response = completed.obj.get("response")
+            if isinstance(response, dict):
+                response = dict(response)
+                output = response.get("output") if isinstance(response.get("output"), list) else []
+                stop_items = [message] if message is not None else []
+                response["output"] = [*_without_calls(output, drop), *stop_items]
+                completed.obj["response"] = response
+            self._renumber = True
+            self._emit_event(completed, out)
+
+    def _abort_runaway(self, cut: Cut, out: bytearray) -> None:
+        self.actions.append(cut)
+        drop = set(range(cut.count, len(self._calls)))
+        self._render(out, drop)
+        output = _without_calls([item for _, item in sorted(self._items.items())], drop)
+        self._renumber = True
+        self._synth(
+            {
+                "type": "response.completed",
+                "response": {**self._base, "status": "completed", "output": output},
+            },
+            out,
+        )
+        self._end()
+
+    def _abort_incomplete(self, out: bytearray) -> None:
+        self._render(out, drop=set(range(len(self._calls))))
+        output = [item for _, item in sorted(self._items.items()) if item.get("type") not in CALL_ITEMS]
+        response = {
+            **self._base,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "output": output,
+        }
+        self._renumber = True
+        self._synth({"type": "response.incomplete", "response": response}, out)
+        self._end()
+
+    def _end(self) -> None:
+        self._state = "done"
+        self.complete = True
+
+    def _give_up(self, out: bytearray) -> None:
+        for h in self._held:
+            self._emit_event(h, out)
+        self._held.clear()
+        self._state = "pass"
+
+    # --- output -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _is(h: _Held, kind: str) -> bool:
+        return h.obj is not None and h.obj.get("type") == kind
+
+    def _hold_or_emit(self, held: _Held, out: bytearray) -> None:
+        if self._held or held.call is not None:
+            self._held.append(held)
+        else:
+            self._emit_event(held, out)
+
+    def _emit_raw(self, raw: bytes, out: bytearray) -> None:
+        out += raw
+        self.settled += len(raw)
+
+    def _emit_event(self, h: _Held, out: bytearray) -> None:
+        obj = h.obj
+        if obj is None:
+            self._emit_raw(h.raw, out)
+            return
+        oi = obj.get("output_index")
+        if obj.get("type") == "response.output_item.added" and isinstance(oi, int):
+            self._index_map[oi] = self._client_items
+            self._client_items += 1
+        if not self._renumber:
+            seq = obj.get("sequence_number")
+            self._seq = seq if isinstance(seq, int) else self._seq
+            self._emit_raw(h.raw, out)
+            return
+        obj = dict(obj)
+        if isinstance(oi, int):
+            obj["output_index"] = self._index_map.get(oi, oi)
+        self.settled += len(h.raw)
+        self._write(obj, out)
+
+    def _synth(self, obj: dict[str, Any], out: bytearray) -> None:
+        self._write(obj, out)
+
+    def _write(self, obj: dict[str, Any], out: bytearray) -> None:
+        if "sequence_number" in obj or self._seq is not None:
+            self._seq = 0 if self._seq is None else self._seq + 1
+            obj["sequence_number"] = self._seq
+        out += b"event: " + str(obj.get("type", "")).encode() + b"\ndata: " + jsonbody.dumps(obj) + b"\n\n"
+
+    def _emit_stop(self, stop: Stop, out: bytearray) -> dict[str, Any]:
+        """The stop message's events; returns its finished item."""
+        self._renumber = True
+        text = f"\n\n{stop.text}" if "".join(self._text).strip() else stop.text
+        item = stop_message(text)
+        iid = item["id"]
+        oi = self._client_items
+        self._client_items += 1
+        part = {"type": "output_text", "text": "", "annotations": []}
+        added = {**item, "status": "in_progress", "content": []}
+        for ev in (
+            {"type": "response.output_item.added", "output_index": oi, "item": added},
+            {
+                "type": "response.content_part.added",
+                "item_id": iid,
+                "output_index": oi,
+                "content_index": 0,
+                "part": part,
+            },
+            {
+                "type": "response.output_text.delta",
+                "item_id": iid,
+                "output_index": oi,
+                "content_index": 0,
+                "delta": text,
+                "logprobs": [],
+            },
+            {
+                "type": "response.output_text.done",
+                "item_id": iid,
+                "output_index": oi,
+                "content_index": 0,
+                "text": text,
+                "logprobs": [],
+            },
+            {
+                "type": "response.content_part.done",
+                "item_id": iid,
+                "output_index": oi,
+                "content_index": 0,
+                "part": {**part, "text": text},
+            },
+            {"type": "response.output_item.done", "output_index": oi, "item": item},
+        ):
+            self._write(
+                {"type": ev["type"], "sequence_number": 0, **{k: v for k, v in ev.items() if k != "type"}},
+                out,
+            )
+        return item
