@@ -44,6 +44,11 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     r"(?<= at line )\d+\b",
     r"(?<= on line )\d+\b",
     r"(?<=\.py:)\d+(?=:\d+:)",
+    # ids an agent harness writes around every tool result (issue 11, Codex CLI 0.171's
+    # exec_command output): "Chunk ID: 3f9a0c" (6 random hex digits, new on every call) and
+    # "Process running with session ID 50343"
+    r"(?<=Chunk ID: )[0-9a-f]+\b",
+    r"(?<=Process running with session ID )\d+\b",
 )
 
 
