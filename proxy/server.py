@@ -36,7 +36,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import forward, relay
+from proxy import connections, forward, relay
 from proxy.config import Config
 from proxy.dialects.openai_chat import PATH_SUFFIX
 from proxy.guards import Guard, build_guards
@@ -65,8 +65,7 @@ INFLIGHT_KEY = web.AppKey("inflight", set)
 log = structlog.get_logger("loopguard")
 
 
-def _error_body(message: str, type_: str, code: int) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
+_error_body = connections.error_body
 
 
 #: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
@@ -104,6 +103,34 @@ def _timeout_response(base: str, fields: dict[str, Any], st: Any) -> web.Respons
         ),
         content_type="application/json",
     )
+
+
+def _body_timeout_response(request: web.Request, received: int) -> web.Response:
+    """408 for an agent whose request body stalled for ``listen.body_timeout_s`` (issue 14,
+    item 1): nothing was sent upstream; the connection is closed after this answer."""
+    timeout_s = request.app[CONFIG_KEY].listen.body_timeout_s
+    log.warning(
+        "agent_timeout",
+        phase="body",
+        method=request.method,
+        path=request.path,
+        received_bytes=received,
+        content_length=request.content_length,
+        timeout_s=timeout_s,
+        status=408,
+    )
+    response = web.Response(
+        status=408,
+        body=_error_body(
+            f"loopguard: the request body stalled: nothing received for {timeout_s:g} s "
+            "(listen.body_timeout_s)",
+            "request_timeout",
+            408,
+        ),
+        content_type="application/json",
+    )
+    response.force_close()
+    return response
 
 
 def _check_admin(request: web.Request) -> None:
@@ -190,7 +217,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     st = app[STATS_KEY]
     st.requests += 1
-    raw = await request.read()
+    try:
+        raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
+    except connections.BodyTimeout as exc:
+        return _body_timeout_response(request, exc.received)
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -423,6 +453,10 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
         max_field_size=HEADER_LIMIT,
     )
     await runner.setup()
+    assert runner.server is not None
+    # agent-side limits (issue 14, items 1 and 9): header timeout, max_connections, half-close
+    connections.adopt(runner.server, cfg.listen.max_connections, cfg.listen.header_timeout_s)
+    connections.ensure_fd_limit(cfg.listen.max_connections)
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
     await site.start()
     port = runner.addresses[0][1]
