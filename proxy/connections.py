@@ -185,7 +185,10 @@ class AgentHandler(RequestHandler):
             "agent_timeout", phase="headers", received_bytes=self._lg_bytes, timeout_s=self._lg_header_s
         )
         if self._lg_bytes:  # part of a request came: say why it is dropped
-            message = "loopguard: the request headers were not complete within listen.header_timeout_s"
+            message = (
+                f"loopguard: the request headers were not complete within {self._lg_header_s:g} s "
+                "(listen.header_timeout_s)"
+            )
             body = error_body(message, "request_timeout", 408)
             self.transport.write(raw_response(408, "Request Timeout", body))
         self.force_close()

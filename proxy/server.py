@@ -15,6 +15,10 @@ Behaviour at the edge:
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
+- The agent side (:mod:`proxy.connections`, ``listen.*``): a request whose headers take longer
+  than ``header_timeout_s`` is closed, a body that stalls for ``body_timeout_s`` gets a 408, a
+  connection past ``max_connections`` a 503 at once; a half-closed request (HTTP/1.0, or
+  ``Connection: close``, then EOF) gets its answer.
 - Fail open: any exception inside the guards is logged (no content) and counted, and the original
   bytes are forwarded.
 - Circuit-breaker incidents of a request are recorded right after its decision

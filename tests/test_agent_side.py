@@ -85,7 +85,8 @@ def without_timestamp(event: dict[str, Any]) -> dict[str, Any]:
 HEADER_408 = orjson.dumps(
     {
         "error": {
-            "message": "loopguard: the request headers were not complete within listen.header_timeout_s",
+            "message": "loopguard: the request headers were not complete within 0.5 s "
+            "(listen.header_timeout_s)",
             "type": "request_timeout",
             "code": 408,
         }
