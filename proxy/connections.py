@@ -103,7 +103,7 @@ async def read_body(request: web.Request, idle_s: float | None) -> bytes:
     content = request.content
     limit = request.client_max_size
     body = bytearray()
-    if limit and hasattr(content, "set_read_chunk_size"):  # as request.read() does (aiohttp >= 3.13):
+    if limit and hasattr(content, "set_read_chunk_size"):  # as request.read() does (newer aiohttp):
         content.set_read_chunk_size(limit)  # big buffers, fewer pause/resume cycles on 20 MB
 
     def add(chunk: bytes) -> None:
