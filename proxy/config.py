@@ -57,18 +57,54 @@ def _check_thresholds(thresholds: tuple[int, ...], key: str) -> None:
 
 @dataclass(frozen=True)
 class ListenConfig:
-    """``shutdown_grace_s``: on SIGTERM/SIGINT, how long requests in flight may take to finish
-    before they are ended (seconds; issue 14, item 4)."""
+    """The agent side (issue 14, items 1 and 4; :mod:`proxy.connections`). Seconds throughout.
+
+    ``shutdown_grace_s``: on SIGTERM/SIGINT, how long requests in flight may take to finish
+    before they are ended.
+
+    ``header_timeout_s`` (60): the longest an agent may take to send a request's headers: from
+    the connection's opening, and on a kept-alive connection from the first byte of its next
+    request. Then the connection is closed (with a 408 and an OpenAI-style error body if part
+    of a request had arrived; silently if nothing had). Every HTTP client sends its headers in
+    one write right after connecting, so 60 s (nginx's ``client_header_timeout``) is only ever
+    reached by a client that is stuck or gone. An idle kept-alive connection (nothing sent since
+    the last answer) is not timed by this: it stays open for aiohttp's ``keepalive_timeout``
+    (3,630 s), longer than any client keeps an idle pooled connection (httpx 5 s, Go and Rust
+    90 s), so the client always closes it first and a request never races a close.
+
+    ``body_timeout_s`` (60): the longest the request body may stall: idle time between two
+    reads, not the whole upload, so a 20 MB body on a slow link is never cut while bytes keep
+    coming. Then the agent gets a 408 (``error.type: "request_timeout"``) and the connection is
+    closed; nothing was sent upstream. Agents send their body as fast as the network allows, so
+    a minute without a byte (nginx's ``client_body_timeout``) means a dead client or network.
+    ``null`` turns either timeout off (then aiohttp's 3,630 s still ends a silent connection).
+
+    ``max_connections`` (1024): agent connections open at once (active and kept-alive idle).
+    One more is answered at once with a 503 (``error.type: "too_many_connections"``,
+    ``Retry-After: 1``) and closed, never queued, so an agent is told instead of hanging, and
+    stalled clients cannot use up the process's file descriptors (at start the soft
+    ``RLIMIT_NOFILE`` is raised, up to the hard limit, to fit this many connections plus the
+    upstream pool; a warning says so when the hard limit is lower).
+    """
 
     host: str = "127.0.0.1"
     port: int = 4000
     shutdown_grace_s: float = 30.0
+    header_timeout_s: float | None = 60.0
+    body_timeout_s: float | None = 60.0
+    max_connections: int = 1024
 
     def check(self, path: str) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{path}.port", "must be between 0 and 65535")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"{path}.shutdown_grace_s", "must be >= 0")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{path}.{name}", "must be > 0 or null")
+        if self.max_connections < 1:
+            raise ConfigError(f"{path}.max_connections", "must be an integer >= 1")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ Behaviour at the edge:
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
+- The agent side (:mod:`proxy.connections`, ``listen.*``): a request whose headers take longer
+  than ``header_timeout_s`` is closed, a body that stalls for ``body_timeout_s`` gets a 408, a
+  connection past ``max_connections`` a 503 at once; a half-closed request (HTTP/1.0, or
+  ``Connection: close``, then EOF) gets its answer.
 - Fail open: any exception inside the guards is logged (no content) and counted, and the original
   bytes are forwarded.
 - Circuit-breaker incidents of a request are recorded right after its decision
@@ -36,7 +40,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import dialects, forward, relay
+from proxy import connections, dialects, forward, relay
 from proxy.config import Config
 from proxy.dialects import openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
@@ -65,8 +69,7 @@ INFLIGHT_KEY = web.AppKey("inflight", set)
 log = structlog.get_logger("loopguard")
 
 
-def _error_body(message: str, type_: str, code: int) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
+_error_body = connections.error_body
 
 
 #: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
@@ -104,6 +107,34 @@ def _timeout_response(base: str, fields: dict[str, Any], st: Any) -> web.Respons
         ),
         content_type="application/json",
     )
+
+
+def _body_timeout_response(request: web.Request, received: int) -> web.Response:
+    """408 for an agent whose request body stalled for ``listen.body_timeout_s`` (issue 14,
+    item 1): nothing was sent upstream; the connection is closed after this answer."""
+    timeout_s = request.app[CONFIG_KEY].listen.body_timeout_s
+    log.warning(
+        "agent_timeout",
+        phase="body",
+        method=request.method,
+        path=request.path,
+        received_bytes=received,
+        content_length=request.content_length,
+        timeout_s=timeout_s,
+        status=408,
+    )
+    response = web.Response(
+        status=408,
+        body=_error_body(
+            f"loopguard: the request body stalled: nothing received for {timeout_s:g} s "
+            "(listen.body_timeout_s)",
+            "request_timeout",
+            408,
+        ),
+        content_type="application/json",
+    )
+    response.force_close()
+    return response
 
 
 def _check_admin(request: web.Request) -> None:
@@ -209,7 +240,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     st = app[STATS_KEY]
     st.requests += 1
-    raw = await request.read()
+    try:
+        raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
+    except connections.BodyTimeout as exc:
+        return _body_timeout_response(request, exc.received)
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -445,6 +479,10 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
         max_field_size=HEADER_LIMIT,
     )
     await runner.setup()
+    assert runner.server is not None
+    # agent-side limits (issue 14, items 1 and 9): header timeout, max_connections, half-close
+    connections.adopt(runner.server, cfg.listen.max_connections, cfg.listen.header_timeout_s)
+    connections.ensure_fd_limit(cfg.listen.max_connections)
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
     await site.start()
     port = runner.addresses[0][1]

@@ -9,17 +9,17 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.config import Config, ListenConfig, build
+from proxy.config import Config, build
 from proxy.server import start
 
 
 def proxy_config(config: dict[str, Any] | None, upstream_url: str) -> Config:
-    """``config`` (plain data, validated) listening on a free loopback port, forwarding to
-    ``upstream_url``."""
+    """``config`` (plain data, validated; its other ``listen`` settings kept) listening on a free
+    loopback port, forwarding to ``upstream_url``."""
     cfg = build(Config, config or {})
     return dataclasses.replace(
         cfg,
-        listen=ListenConfig(host="127.0.0.1", port=0),
+        listen=dataclasses.replace(cfg.listen, host="127.0.0.1", port=0),
         upstream=dataclasses.replace(cfg.upstream, url=upstream_url),
     )
 

@@ -43,7 +43,18 @@ def write(tmp_path: Path, text: str, name: str = "loopguard.yaml") -> Path:
 @pytest.mark.parametrize(
     ("section", "expected"),
     [
-        pytest.param("listen", {"host": "127.0.0.1", "port": 4000, "shutdown_grace_s": 30.0}, id="listen"),
+        pytest.param(
+            "listen",
+            {
+                "host": "127.0.0.1",
+                "port": 4000,
+                "shutdown_grace_s": 30.0,
+                "header_timeout_s": 60.0,
+                "body_timeout_s": 60.0,
+                "max_connections": 1024,
+            },
+            id="listen",
+        ),
         pytest.param(
             "upstream",
             {
@@ -309,7 +320,14 @@ def test_check_config_prints_effective_config_as_yaml(
     assert printed == to_plain(load_config(path))
     assert printed["guards"]["repeat_reminder"]["thresholds"] == [2, 4]
     assert printed["guards"]["repeat_reminder"]["inject_as"] == "tool_suffix"
-    assert printed["listen"] == {"host": "127.0.0.1", "port": 4000, "shutdown_grace_s": 30.0}
+    assert printed["listen"] == {
+        "host": "127.0.0.1",
+        "port": 4000,
+        "shutdown_grace_s": 30.0,
+        "header_timeout_s": 60.0,
+        "body_timeout_s": 60.0,
+        "max_connections": 1024,
+    }
 
 
 @pytest.mark.parametrize(
