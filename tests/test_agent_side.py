@@ -112,8 +112,8 @@ async def test_silent_connection_is_closed_after_header_timeout(
     configure_logging("info")
     base = await make_proxy({"listen": {"header_timeout_s": 0.5}})
     capfd.readouterr()
+    t0 = time.monotonic()  # before connecting: the clock runs from the connection's open
     reader, writer = await connect(base)
-    t0 = time.monotonic()
     got = await asyncio.wait_for(reader.read(), 5)  # until the proxy closes
     elapsed = time.monotonic() - t0
     writer.close()
@@ -136,10 +136,10 @@ async def test_partial_headers_get_a_408_after_header_timeout(
     configure_logging("info")
     base = await make_proxy({"listen": {"header_timeout_s": 0.5}})
     capfd.readouterr()
+    t0 = time.monotonic()  # before connecting: the clock runs from the connection's open
     reader, writer = await connect(base)
     partial = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-secret-77\r\n"
     writer.write(partial)
-    t0 = time.monotonic()
     got = await asyncio.wait_for(reader.read(), 5)
     elapsed = time.monotonic() - t0
     writer.close()
