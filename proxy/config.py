@@ -543,6 +543,37 @@ class ResponseConfig:
 
 
 @dataclass(frozen=True)
+class ResponsesStoreConfig:
+    """The Responses API's ``previous_response_id`` chains (issue 11, :mod:`proxy.response_store`).
+
+    A request that names a ``previous_response_id`` sends only its new items; the upstream
+    rebuilds the history. To guard it, loopguard keeps, per response id seen in an upstream
+    answer, that chain's items as the agent has them (what it sent, before loopguard's edits,
+    and the output it received). Answers to requests with ``store: false`` are never kept.
+    An id loopguard does not hold (evicted, a restart, another replica) is forwarded unguarded,
+    counted as ``unguarded{reason="unknown_previous_response"}`` and logged once per chain.
+
+    ``max_entries`` (1024): responses kept, least recently used dropped first; 0 = keep none
+    (every chained request is then forwarded unguarded). ``max_bytes_mb`` (64): MiB of kept
+    items, each entry counted with its whole chain (an upper bound of the memory used, since
+    entries of one chain share their items); null = no byte limit. ``max_age_s`` (21600, six
+    hours): an entry not stored or used for this long is dropped; null = no age limit.
+    """
+
+    max_entries: int = 1024
+    max_bytes_mb: float | None = 64.0
+    max_age_s: float | None = 21600.0
+
+    def check(self, path: str) -> None:
+        if self.max_entries < 0:
+            raise ConfigError(f"{path}.max_entries", "must be an integer >= 0 (0 = keep none)")
+        for name in ("max_bytes_mb", "max_age_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{path}.{name}", "must be > 0 or null (no limit)")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = field(default_factory=ListenConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -551,6 +582,7 @@ class Config:
     stop: StopConfig = field(default_factory=StopConfig)
     response: ResponseConfig = field(default_factory=ResponseConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
+    responses_store: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
 

@@ -14,6 +14,13 @@ for compression get exactly what the upstream sent). Everything else is plain pa
   response is closed before the final bytes are written, so the server stops generating.
 - JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide_json`)
   and then written, rewritten or as the original bytes.
+- Responses answers also tell the response store what the agent got
+  (:mod:`proxy.response_store`): ``ResponseSide.on_answer`` is called with the
+  :class:`proxy.response_store.Answer` as soon as it is known, *before* the bytes that end the
+  answer are written (so the agent's next request, which may name its id, always finds it kept).
+  When the response side reads nothing (its checks all off, a ``gzip``/``deflate`` body) and the
+  store wants the answer, the bytes pass through unchanged while
+  :class:`proxy.responses_answer.ResponseCapture` reads them (kind ``observe``).
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
   ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
   rest of the response is relayed as is.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +45,8 @@ from proxy.guards import Context, Guard
 from proxy.incidents import IncidentLog
 from proxy.observe import Stats, action_summary
 from proxy.response import StopJudge, decide_json, earlier_stops
-from proxy.responses_answer import ResponsesStreamGuard
+from proxy.response_store import Answer
+from proxy.responses_answer import ResponseCapture, ResponsesStreamGuard
 from proxy.rewrite import RequestDecision
 from proxy.stream_guard import StreamGuard
 
@@ -48,7 +57,7 @@ log = structlog.get_logger("loopguard")
 class ResponseSide:
     """What the response side needs for one request, and the actions it took."""
 
-    kind: str  # "sse" | "json"
+    kind: str  # "sse" | "json" | "observe" (read for the store only, relayed unchanged)
     cfg: Config
     judge: StopJudge | None
     #: the answer's wire: ``chat`` (chat completions) or ``responses`` (the Responses API)
@@ -57,6 +66,21 @@ class ResponseSide:
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
     #: is done, not gone (issue 14, item 12)
     delivered: bool = False
+    #: called once with the answer the agent gets, before its last bytes are written (Responses)
+    on_answer: Callable[[Answer], None] | None = None
+    #: what ``observe`` reads with
+    capture: ResponseCapture | None = None
+
+    def answered(self, answer: Answer | None, stats: Stats) -> None:
+        """Hand ``answer`` to ``on_answer`` once (fails open)."""
+        callback, self.on_answer = self.on_answer, None
+        if callback is None or answer is None:
+            self.on_answer = callback
+            return
+        try:
+            callback(answer)
+        except Exception as exc:
+            failed(stats, "store", exc)
 
 
 def enabled(cfg: Config) -> bool:
@@ -75,12 +99,12 @@ def plan(
     decision: RequestDecision | None,
     guards: tuple[Guard, ...],
     cfg: Config,
+    on_answer: Callable[[Answer], None] | None = None,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
-    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None."""
-    if not guarded or upstream.status != 200 or not enabled(cfg):
-        return None
-    if "content-encoding" in upstream.headers:
+    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None.
+    ``on_answer``: the response store's hook for a Responses answer (None: not wanted)."""
+    if not guarded or upstream.status != 200:
         return None
     ctype = upstream.content_type
     if ctype == "text/event-stream":
@@ -89,11 +113,18 @@ def plan(
         kind = "json"
     else:
         return None
+    encoding = upstream.headers.get("Content-Encoding")
+    if not enabled(cfg) or encoding is not None:
+        if on_answer is None or guarded != "responses":
+            return None
+        capture = ResponseCapture(kind == "sse", encoding)
+        return ResponseSide("observe", cfg, None, "responses", on_answer=on_answer, capture=capture)
     judge = None
     if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
         ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
         judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
-    return ResponseSide(kind, cfg, judge, "chat" if guarded is True else str(guarded))
+    wire = "chat" if guarded is True else str(guarded)
+    return ResponseSide(kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None)
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -133,6 +164,8 @@ async def relay_sse(
                 continue
             if out.abort:
                 upstream.close()  # the server stops generating now
+            if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
+                side.answered(guard.answer, stats)
             if out.data:
                 await response.write(out.data)
             if guard.complete and guard.received == guard.settled:
@@ -187,8 +220,11 @@ async def relay_json(
         raise
     raw = bytes(body)
     try:
-        decide = responses_answer.decide_json if side.wire == "responses" else decide_json
-        new, actions = decide(raw, side.judge, side.cfg)
+        if side.wire == "responses":
+            new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
+            side.answered(answer, stats)
+        else:
+            new, actions = decide_json(raw, side.judge, side.cfg)
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)
@@ -198,6 +234,39 @@ async def relay_json(
         response.content_length = len(new)
     await response.prepare(request)
     await response.write(raw if new is None else new)
+
+
+async def relay_observed(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
+) -> None:
+    """Relay the body unchanged, chunk by chunk (``response`` prepared by the caller), while
+    ``side.capture`` reads it for the store; a failure there stops the reading, never the relay.
+    A JSON body is decoded when its last byte has arrived (``Content-Length``) or the upstream
+    ended it, before that byte is written or the agent's body is ended."""
+    capture = side.capture
+    length = upstream.content_length
+    received = 0
+    async for chunk in upstream.content.iter_any():
+        received += len(chunk)
+        if capture is not None:
+            try:
+                capture.feed(chunk)
+                if length is not None and received >= length:
+                    capture.finish()
+                if capture.answer is not None:
+                    side.answered(capture.answer, stats)
+            except Exception as exc:
+                failed(stats, "capture", exc)
+                capture = None
+        await response.write(chunk)
+        if capture is not None and capture.complete:
+            side.delivered = True
+    if capture is not None:
+        try:
+            capture.finish()
+            side.answered(capture.answer, stats)
+        except Exception as exc:
+            failed(stats, "capture", exc)
 
 
 def record(

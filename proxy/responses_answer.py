@@ -37,7 +37,9 @@ the bytes fed, ``settled`` those whose fate is decided.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,7 @@ from proxy.assemble import AssembledCall
 from proxy.config import Config
 from proxy.degenerate import RepetitionDetector
 from proxy.response import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.response_store import Answer, answer_of
 from proxy.sse import SSEEvent, SSEFramer
 from proxy.stream_guard import MAX_EVENT_BYTES, Output
 
@@ -114,12 +117,29 @@ def _is_assistant_message(item: Any) -> bool:
 def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes | None, list[Action]]:
     """Decide on a whole ``response`` object. Returns the rewritten body (None = forward the
     original bytes) and the actions taken. A body that is not a response is left alone."""
+    new, actions, _ = decide_json_answer(raw, judge, cfg)
+    return new, actions
+
+
+def decide_json_answer(
+    raw: bytes, judge: StopJudge | None, cfg: Config
+) -> tuple[bytes | None, list[Action], Answer | None]:
+    """:func:`decide_json`, and the :class:`proxy.response_store.Answer` the agent gets (None when
+    the body is not a response the store keeps)."""
     try:
         obj = jsonbody.decode(raw)
     except jsonbody.Unreadable:
-        return None, []
+        return None, [], None
     if not isinstance(obj, dict) or not isinstance(obj.get("output"), list):
-        return None, []
+        return None, [], None
+    upstream = obj["output"]
+    new, actions = _decide_object(obj, judge, cfg)  # a rewrite replaces obj["output"]
+    return new, actions, answer_of(obj, upstream if new is not None else None)
+
+
+def _decide_object(
+    obj: dict[str, Any], judge: StopJudge | None, cfg: Config
+) -> tuple[bytes | None, list[Action]]:
     output: list[Any] = obj["output"]
     actions: list[Action] = []
     call_items = [i for i in output if isinstance(i, dict) and i.get("type") in CALL_ITEMS]
@@ -184,6 +204,7 @@ class ResponsesStreamGuard:
         "_state",
         "_text",
         "actions",
+        "answer",
         "complete",
         "received",
         "settled",
@@ -209,6 +230,8 @@ class ResponsesStreamGuard:
         self._index_map: dict[int, int] = {}  # upstream output_index → the agent's
         self._state = "inspect"  # | "pass" | "done"
         self.actions: list[Action] = []
+        #: the answer as the agent gets it, once its final event is decided (proxy.response_store)
+        self.answer: Answer | None = None
         self.received = 0
         self.settled = 0
         #: the stream said how it ended (a terminal event, something unread, or our own cut)
@@ -286,6 +309,7 @@ class ResponsesStreamGuard:
         call = self._track(kind, obj)
         if kind in _ENDS:
             self.complete = True
+            self.answer = answer_of(obj.get("response"))
             self._give_up(out)
             self._emit_raw(ev.raw, out)
             return
@@ -293,8 +317,12 @@ class ResponsesStreamGuard:
         if kind == "response.completed":
             self.complete = True
             self._held.append(held)
+            upstream = obj.get("response")
             self._decide(out)
             self._state = "pass"
+            mine = obj.get("response")
+            changed = mine is not upstream and isinstance(upstream, dict)
+            self.answer = answer_of(mine, upstream.get("output") if changed else None)
             return
         self._hold_or_emit(held, out)
         cut = self._text_cut(kind, obj)
@@ -417,13 +445,9 @@ class ResponsesStreamGuard:
         self._render(out, drop)
         output = _without_calls([item for _, item in sorted(self._items.items())], drop)
         self._renumber = True
-        self._synth(
-            {
-                "type": "response.completed",
-                "response": {**self._base, "status": "completed", "output": output},
-            },
-            out,
-        )
+        response = {**self._base, "status": "completed", "output": output}
+        self._synth({"type": "response.completed", "response": response}, out)
+        self.answer = answer_of(response)  # what the upstream kept of a closed stream: unknown
         self._end()
 
     def _abort_incomplete(self, out: bytearray) -> None:
@@ -437,6 +461,7 @@ class ResponsesStreamGuard:
         }
         self._renumber = True
         self._synth({"type": "response.incomplete", "response": response}, out)
+        self.answer = answer_of(response)
         self._end()
 
     def _end(self) -> None:
@@ -543,3 +568,70 @@ class ResponsesStreamGuard:
                 out,
             )
         return item
+
+
+_FINAL = frozenset(("response.completed", "response.incomplete"))
+#: The largest JSON answer :class:`ResponseCapture` reads (bytes, decompressed); past it, nothing.
+MAX_CAPTURE_BYTES = 64 * 1024 * 1024
+
+
+class ResponseCapture:
+    """Reads a Responses answer the response side does not guard (its checks all off, or a body
+    compressed with ``gzip``/``deflate``), only to learn its :class:`proxy.response_store.Answer`
+    (``answer``): the bytes are relayed unchanged by the caller, this never holds or changes any.
+    SSE (``sse``): the ``response.completed`` / ``response.incomplete`` event; JSON: the whole
+    body, decoded at :meth:`finish`. Another encoding, an event past
+    :data:`proxy.stream_guard.MAX_EVENT_BYTES` or a body past :data:`MAX_CAPTURE_BYTES`: no answer.
+    """
+
+    __slots__ = ("_body", "_framer", "_inflate", "_off", "answer", "complete")
+
+    def __init__(self, sse: bool, encoding: str | None = None) -> None:
+        self._framer = SSEFramer() if sse else None
+        self._body = bytearray()
+        self._off = False
+        self._inflate: Any = None
+        enc = (encoding or "").strip().lower()
+        if enc in ("gzip", "x-gzip", "deflate"):
+            self._inflate = zlib.decompressobj(47 if enc != "deflate" else zlib.MAX_WBITS)
+        elif enc not in ("", "identity"):
+            self._off = True
+        self.answer: Answer | None = None
+        #: the answer's final event was read (the agent has the whole answer once it has the bytes)
+        self.complete = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self._off or self.answer is not None:
+            return
+        if self._inflate is not None:
+            chunk = self._inflate.decompress(chunk)
+        if self._framer is None:
+            self._body += chunk
+            if len(self._body) > MAX_CAPTURE_BYTES:
+                self._off = True
+                self._body.clear()
+            return
+        for ev in self._framer.feed(chunk):
+            if ev.data is None or (ev.event is not None and ev.event not in _FINAL):
+                continue  # named events other than the final ones are not decoded
+            try:
+                obj = jsonbody.decode(ev.data)
+            except jsonbody.Unreadable:
+                continue
+            if isinstance(obj, dict) and obj.get("type") in _FINAL:
+                self.complete = True
+                self.answer = answer_of(obj.get("response"))
+                return
+        if self._framer.pending > MAX_EVENT_BYTES:
+            self._off = True
+
+    def finish(self) -> None:
+        """The body ended (JSON: decode it)."""
+        if self._off or self._framer is not None or self.answer is not None:
+            return
+        if self._inflate is not None:
+            self._body += self._inflate.flush()
+        with contextlib.suppress(jsonbody.Unreadable):
+            self.answer = answer_of(jsonbody.decode(bytes(self._body)))
+        self._body.clear()
+        self._off = self.complete = True

@@ -16,9 +16,10 @@ from typing import Any
 from proxy import jsonbody
 from proxy.actions import Action
 from proxy.conversation import conversation_key
-from proxy.dialects import Dialect, openai_chat
+from proxy.dialects import Dialect, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
+from proxy.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
 from proxy.state import ConversationState
 from proxy.transcript import Transcript
 
@@ -41,6 +42,7 @@ class RequestDecision:
     stream: bool | None = None
     transcript: Transcript | None = None
     unguarded: str | None = None
+    chain: Chain | None = None
 
 
 #: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.
@@ -55,12 +57,20 @@ def decide_request(
     now_ms: int = 0,
     state_for: Callable[[str], ConversationState | None] | None = None,
     dialect: Dialect = openai_chat,  # type: ignore[assignment]
+    previous: Callable[[str], Entry | None] | None = None,
 ) -> RequestDecision:
     """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
     their actions.
 
     ``state_for(conversation_key)`` gives the remembered state handed to the guards in
     ``Context.state`` (read only; None = no state, as after a restart).
+
+    ``previous(response_id)``: the response store's lookup (:mod:`proxy.response_store`; None =
+    no store). A Responses request naming a ``previous_response_id`` is guarded over the kept
+    chain plus its new items (actions inside the kept part are not applied again, the others
+    shifted to its ``input``); one whose id is not kept comes back unchanged with ``unguarded``
+    :data:`proxy.response_store.UNKNOWN_PREVIOUS`. With a store, every guarded Responses request
+    not sent with ``store: false`` carries its chain in ``chain``, for the answer to be kept.
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
@@ -72,6 +82,10 @@ def decide_request(
         return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    if dialect is openai_responses:
+        return _decide_responses(
+            raw, body, headers, guards, header_names, now_ms, state_for, previous, model, stream
+        )
     key = conversation_key(headers, body, header_names)
     try:
         transcript = dialect.parse_request(body)
@@ -83,3 +97,44 @@ def decide_request(
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
     return RequestDecision(out, actions, True, key, model, stream, transcript)
+
+
+def _decide_responses(
+    raw: bytes,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    guards: Sequence[Guard],
+    header_names: Sequence[str],
+    now_ms: int,
+    state_for: Callable[[str], ConversationState | None] | None,
+    previous: Callable[[str], Entry | None] | None,
+    model: str | None,
+    stream: bool | None,
+) -> RequestDecision:
+    """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains."""
+    prev = openai_responses.previous_id(body)
+    entry = previous(prev) if prev is not None and previous is not None else None
+    if prev is not None and entry is None:
+        key = conversation_key(headers, body, header_names)
+        lost = Chain(previous=prev, lost=True)
+        return RequestDecision(raw, (), False, key, model, stream, unguarded=UNKNOWN_PREVIOUS, chain=lost)
+    try:
+        new = openai_responses.input_items(body)
+        full = body if entry is None else {**body, "input": [*entry.items(), *new]}
+        transcript = openai_responses.parse_request(full)
+    except DialectError:
+        key = conversation_key(headers, body, header_names)
+        return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
+    key = conversation_key(headers, full, header_names)
+    chain = None
+    if previous is not None:
+        chain = chain_of(entry, new, prev, keep=body.get("store") is not False)
+    state = state_for(key) if state_for is not None else None
+    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
+    if entry is None:
+        out = openai_responses.apply(raw, actions, body) if actions else None
+    else:
+        out = openai_responses.apply_chained(raw, actions, body, entry.count, entry.repair)
+    if out is None:
+        return RequestDecision(raw, actions, False, key, model, stream, transcript, chain=chain)
+    return RequestDecision(out, actions, True, key, model, stream, transcript, chain=chain)

@@ -21,6 +21,10 @@ Behaviour at the edge:
   ``Connection: close``, then EOF) gets its answer.
 - Fail open: any exception inside the guards is logged (no content) and counted, and the original
   bytes are forwarded.
+- Responses ``previous_response_id`` chains (:mod:`proxy.response_store`): the store is looked up
+  by the request side and fed by the response side (the answer is kept before its last bytes
+  reach the agent); an unknown id is counted in ``unguarded`` and logged once per chain
+  (``unknown_previous_response``). Any error there fails open like the guards.
 - Circuit-breaker incidents of a request are recorded right after its decision
   (:mod:`proxy.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
 """
@@ -49,6 +53,7 @@ from proxy.memory import Memory
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
 from proxy.observe import SERVER_LOG, Stats, action_summary
+from proxy.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
 from proxy.rewrite import RequestDecision, decide_request
 
 CONFIG_KEY = web.AppKey("config", Config)
@@ -61,6 +66,8 @@ UPSTREAM_KEY = web.AppKey("upstream", tuple)
 INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
 #: Per-conversation memory of the turn guard and narration (proxy.memory / proxy.state).
 MEMORY_KEY = web.AppKey("memory", Memory)
+#: The Responses API's previous_response_id chains (proxy.response_store).
+RESPONSES_KEY = web.AppKey("responses_store", ResponseStore)
 #: Set when a shutdown began (SIGTERM/SIGINT): requests ended from now on are ended by it.
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
@@ -170,7 +177,9 @@ async def stats(request: web.Request) -> web.Response:
                 status=404, body=_error_body(message, "not_found", 404), content_type="application/json"
             )
         return web.json_response(view, dumps=lambda o: orjson.dumps(o).decode())
-    return web.json_response(request.app[STATS_KEY].snapshot(), dumps=lambda o: orjson.dumps(o).decode())
+    snapshot = request.app[STATS_KEY].snapshot()
+    snapshot["responses_store"] = request.app[RESPONSES_KEY].snapshot()
+    return web.json_response(snapshot, dumps=lambda o: orjson.dumps(o).decode())
 
 
 def _error_event(request: web.Request, message: str, type_: str, code: int) -> bytes:
@@ -209,6 +218,7 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
             now_ms=now_ms,
             state_for=memory.state_for(now_ms),
             dialect=dialect,
+            previous=app[RESPONSES_KEY].get if dialect is openai_responses else None,
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1
@@ -220,6 +230,39 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
         app[STATS_KEY].internal_errors += 1
         log.error("memory_error", error=type(exc).__name__, path=request.path)
     return decision
+
+
+def _unknown_previous(app: web.Application, decision: RequestDecision) -> None:
+    """Log a ``previous_response_id`` the store does not hold, once per chain (fails open)."""
+    assert decision.chain is not None and decision.chain.previous is not None
+    try:
+        first = app[RESPONSES_KEY].note_unknown(decision.chain.previous)
+    except Exception as exc:
+        app[STATS_KEY].internal_errors += 1
+        log.error("store_error", error=type(exc).__name__)
+        return
+    if first:
+        log.warning(
+            "unknown_previous_response",
+            conversation=decision.conversation or None,
+            previous_response_id=decision.chain.previous,
+            hint="forwarded unguarded: loopguard does not hold this response (a restart, another "
+            "replica, or evicted: responses_store.*); the rest of this chain is counted, not logged",
+        )
+
+
+def _keeper(app: web.Application, decision: RequestDecision | None) -> Any:
+    """The response side's ``on_answer`` for this request: the answer goes to the response store
+    (None when the store wants nothing of it)."""
+    chain = decision.chain if decision is not None else None
+    if chain is None or not (chain.keep or chain.lost):
+        return None
+    store = app[RESPONSES_KEY]
+
+    def keep(answer: Answer) -> None:
+        store.after_answer(chain, answer)
+
+    return keep
 
 
 def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
@@ -274,6 +317,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if decision.unguarded:  # a chat request the guards could not read: counted, said in the log
         st.unguarded[decision.unguarded] += 1
         fields["unguarded"] = decision.unguarded
+        if decision.unguarded == UNKNOWN_PREVIOUS and decision.chain is not None:
+            _unknown_previous(app, decision)
+    elif decision.chain is not None and decision.chain.previous is not None:
+        fields["chain_items"] = decision.chain.count  # guarded over the kept chain
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     app[METRICS_KEY].observe_added(t_send - t_start)
@@ -346,7 +393,9 @@ async def _forward(
     app[INFLIGHT_KEY].add(upstream)
     side: relay.ResponseSide | None = None
     try:
-        side = relay.plan(_guarded(request), upstream, decision, app[GUARDS_KEY], app[CONFIG_KEY])
+        side = relay.plan(
+            _guarded(request), upstream, decision, app[GUARDS_KEY], app[CONFIG_KEY], _keeper(app, decision)
+        )
     except Exception as exc:  # fail open: relay the answer as is
         relay.failed(st, "plan", exc)
     try:
@@ -364,6 +413,9 @@ async def _forward(
                     tail = chunk[-16:]
             elif side.kind == "json":
                 await relay.relay_json(request, upstream, response, side, st)
+            elif side.kind == "observe":
+                await response.prepare(request)
+                await relay.relay_observed(upstream, response, side, st)
             else:
                 response.headers.popall("Content-Length", None)  # the body may change
                 await response.prepare(request)
@@ -456,6 +508,7 @@ def create_app(cfg: Config) -> web.Application:
     )
     app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
     app[MEMORY_KEY] = Memory(app[GUARDS_KEY])
+    app[RESPONSES_KEY] = ResponseStore(cfg.responses_store)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_incident_log)
     app.router.add_get("/loop-guard", stats)

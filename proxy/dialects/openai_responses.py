@@ -24,11 +24,13 @@ after the step's last output item, or appended to that output (``tool_suffix``: 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.actions import Action
+from proxy import jsonbody
+from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits
 from proxy.errors import DialectError
@@ -194,3 +196,72 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     :func:`proxy.dialects.edits.apply`). Returns the new body, or None when no action applies (a
     string ``input`` never has one)."""
     return edits.apply(raw, actions, body, WIRE)
+
+
+# --- previous_response_id chains (proxy.response_store) -------------------------------------------------
+
+
+def previous_id(body: Any) -> str | None:
+    """The request's ``previous_response_id`` (a non-empty string), else None."""
+    prev = body.get("previous_response_id") if isinstance(body, dict) else None
+    return prev if isinstance(prev, str) and prev else None
+
+
+def input_items(body: dict[str, Any]) -> list[Any]:
+    """The request's ``input`` as a list of items (a string is one user message; no input, none).
+    Raises :class:`DialectError` for anything else."""
+    items = body.get("input")
+    if items is None:
+        return []
+    if isinstance(items, str):
+        return [{"type": "message", "role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise DialectError("input is neither a string nor a list")
+    return items
+
+
+def _shifted(action: Action, count: int) -> Action | None:
+    if isinstance(action, Withhold):
+        pos = action.position - count
+        return dataclasses.replace(action, position=pos) if pos >= 0 else None
+    if isinstance(action, Remind):
+        after = action.after - count
+        return dataclasses.replace(action, after=after) if after >= 0 else None
+    return None
+
+
+def _prepend(raw: bytes, repair: bytes, body: Any) -> bytes:
+    """``raw`` with the items of the JSON array ``repair`` first in its ``input`` (a string input
+    becomes a list: the repair items, then the string as a user message; no input, just them)."""
+    inner = repair[1:-1]
+    hints = body if isinstance(body, dict) else None
+    root = jsonbody.root(raw)
+    start = jsonbody.member_start(raw, root, "input", hints)
+    if start is None:
+        fields = jsonbody.members(raw, root, hints)
+        tail = b"," if fields else b""
+        return jsonbody.splice(raw, [(root + 1, root + 1, b'"input":[' + inner + b"]" + tail)])
+    first = raw[start : start + 1]
+    if first == b"[":
+        empty = not jsonbody.items(raw, start, count=1)
+        return jsonbody.splice(raw, [(start + 1, start + 1, inner if empty else inner + b",")])
+    end = jsonbody.value_end(raw, start, hints["input"]) if hints else jsonbody.value_end(raw, start)
+    if first == b'"':
+        user = b'{"type":"message","role":"user","content":' + raw[start:end] + b"}"
+        return jsonbody.splice(raw, [(start, end, b"[" + inner + b"," + user + b"]")])
+    return jsonbody.splice(raw, [(start, end, b"[" + inner + b"]")])  # null
+
+
+def apply_chained(
+    raw: bytes, actions: Sequence[Action], body: Any, count: int, repair: bytes = b""
+) -> bytes | None:
+    """Apply actions derived over a chain whose first ``count`` items the upstream already holds
+    (:mod:`proxy.response_store`): those at positions inside them are not applied, the others
+    with their positions shifted to this request's ``input``; then the ``repair`` items (a JSON
+    array, ``b""`` for none) are put first in ``input``. Returns the new body, or None when
+    nothing changes."""
+    shifted = [s for s in (_shifted(a, count) for a in actions) if s is not None]
+    out = edits.apply(raw, shifted, body, WIRE) if shifted else None
+    if repair:
+        out = _prepend(out, repair, None) if out is not None else _prepend(raw, repair, body)
+    return out
