@@ -66,8 +66,7 @@ from proxy.config import ResponsesStoreConfig
 UNKNOWN_PREVIOUS = "unknown_previous_response"
 #: The output loopguard gives the upstream for a call it dropped from an answer (see module doc).
 NOT_RUN_TEXT = (
-    "[loopguard] This call was not run: loopguard removed it from the answer before the agent "
-    "received it."
+    "[loopguard] This call was not run: loopguard removed it from the answer before the agent received it."
 )
 #: Lost ids remembered (for logging an unknown chain once).
 MAX_LOST = 4096
