@@ -13,6 +13,14 @@ returning the output items to send (:func:`function_call` / :func:`message` / :f
 :meth:`FakeResponses.handle` is a handler for :class:`tests.fakes.FakeUpstream` (the ``upstream``
 fixture, which records every request raw); the fake also keeps the bodies it answered and the
 exact bytes of each answer. Other paths (e.g. ``GET /v1/models``) are answered 404.
+
+``stateful=True`` makes it keep conversation state as the real server does with
+``previous_response_id``: per response id (unless the request said ``store: false``) the history
+it answered (the previous response's history, the request's ``input``, its ``output``). A request
+naming an id it does not hold gets a 400 ``previous_response_not_found``; a history with a call
+and no output for it gets the real server's 400 ("No tool output found for function call …").
+The script then sees the whole history as ``body["input"]``; :attr:`FakeResponses.histories` keeps
+each one.
 """
 
 from __future__ import annotations
@@ -41,6 +49,19 @@ def function_call(name: str, arguments: str, call_id: str | None = None) -> Item
         "arguments": arguments,
         "call_id": call_id or f"call_{n:04d}",
         "name": name,
+    }
+
+
+def custom_call(name: str, text: str, call_id: str | None = None) -> Item:
+    """A completed ``custom_tool_call`` output item (``input``: the raw text the model wrote)."""
+    n = next(_ids)
+    return {
+        "id": f"ctc_{n:04d}",
+        "type": "custom_tool_call",
+        "status": "completed",
+        "call_id": call_id or f"call_{n:04d}",
+        "name": name,
+        "input": text,
     }
 
 
@@ -83,7 +104,7 @@ def response_object(
         "model": body.get("model", "fake-model"),
         "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": None,
+        "previous_response_id": body.get("previous_response_id"),
         "prompt_cache_key": body.get("prompt_cache_key"),
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
@@ -141,6 +162,22 @@ def sse_events(rid: str, body: dict[str, Any], raw: bytes, output: list[Item]) -
                 output_index=index,
                 arguments=args,
             )
+        elif item["type"] == "custom_tool_call":
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "input": ""},
+            )
+            text = item["input"]
+            half = len(text) // 2
+            for part in (text[:half], text[half:]):
+                emit(
+                    "response.custom_tool_call_input.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=part,
+                )
+            emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=index, input=text)
         elif item["type"] == "message":
             emit(
                 "response.output_item.added",
@@ -177,6 +214,11 @@ def sse_events(rid: str, body: dict[str, Any], raw: bytes, output: list[Item]) -
     return events
 
 
+def _bad(message: str, code: str | None) -> web.Response:
+    error = {"message": message, "type": "invalid_request_error", "param": "input", "code": code}
+    return web.json_response({"error": error}, status=400)
+
+
 @dataclass
 class FakeResponses:
     """The fake server's state: the ``script``, the decoded body of every ``POST …/responses`` it
@@ -185,6 +227,24 @@ class FakeResponses:
     script: Script
     bodies: list[dict[str, Any]] = field(default_factory=list)
     answers: list[bytes] = field(default_factory=list)
+    stateful: bool = False
+    #: stateful: response id → the history it holds (input items then output items)
+    held: dict[str, list[Item]] = field(default_factory=dict)
+    #: stateful: the whole history behind each request answered (what the model saw)
+    histories: list[list[Item]] = field(default_factory=list)
+
+    def _history(self, body: dict[str, Any]) -> tuple[list[Item] | None, web.Response | None]:
+        items = body.get("input", [])
+        items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else items
+        prev = body.get("previous_response_id")
+        if prev is not None and prev not in self.held:
+            return None, _bad(f"Previous response with id '{prev}' not found.", "previous_response_not_found")
+        history = [*self.held.get(prev, []), *items] if prev is not None else list(items)
+        answered = {i.get("call_id") for i in history if str(i.get("type", "")).endswith("_call_output")}
+        for i in history:
+            if i.get("type") in ("function_call", "custom_tool_call") and i.get("call_id") not in answered:
+                return None, _bad(f"No tool output found for function call {i.get('call_id')}.", None)
+        return history, None
 
     async def handle(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         """Answer one request (a :data:`tests.fakes.Handler`)."""
@@ -195,8 +255,18 @@ class FakeResponses:
         body = orjson.loads(raw)
         n = len(self.bodies)
         self.bodies.append(body)
-        output = self.script(n, body)
+        seen = body
+        if self.stateful:
+            history, error = self._history(body)
+            if error is not None:
+                return error
+            assert history is not None
+            self.histories.append(history)
+            seen = {**body, "input": history}
+        output = self.script(n, seen)
         rid = f"resp_{next(_ids):04d}"
+        if self.stateful and body.get("store") is not False:
+            self.held[rid] = [*seen["input"], *output]
         if not body.get("stream"):
             data = orjson.dumps(response_object(rid, body, output, "completed", usage_for(raw, output)))
             self.answers.append(data)
