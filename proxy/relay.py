@@ -45,7 +45,7 @@ from proxy.guards import Context, Guard
 from proxy.incidents import IncidentLog
 from proxy.observe import Stats, action_summary
 from proxy.response import StopJudge, decide_json, earlier_stops
-from proxy.response_store import Answer
+from proxy.response_store import Answer, Chain
 from proxy.responses_answer import ResponseCapture, ResponsesStreamGuard
 from proxy.rewrite import RequestDecision
 from proxy.stream_guard import StreamGuard
@@ -276,9 +276,11 @@ def record(
     conversation: str,
     request_body: bytes,
     fields: dict[str, Any],
+    chain: Chain | None = None,
 ) -> None:
     """Count and log the response side's actions; a stop that is the conversation's first (no
-    earlier stop in its history, :func:`proxy.response.earlier_stops`) is an incident."""
+    earlier stop in its history, :func:`proxy.response.earlier_stops`) is an incident. A
+    ``previous_response_id`` request's history is its kept ``chain``."""
     if not side.actions:
         return
     stats.record_actions(side.actions)
@@ -286,7 +288,8 @@ def record(
     if not any(isinstance(a, Stop) for a in side.actions):
         return
     try:
-        history = earlier_stops(request_body, side.cfg.stop)
+        chained = chain is not None and chain.previous is not None and not chain.lost
+        history = earlier_stops(chain.history() if chained else request_body, side.cfg.stop)
         found = incidents.record([*history, *side.actions], conversation, now_ms=int(time.time() * 1000))
     except Exception as exc:  # fail open, like the request side
         failed(stats, "incident", exc)

@@ -133,6 +133,13 @@ class Chain:
     keep: bool = False
     lost: bool = False
 
+    def history(self) -> bytes:
+        """The kept chain (and, when ``keep``, this request's input) as a request body
+        ``{"input": [...]}``, for what reads a history from bytes
+        (:func:`proxy.response.earlier_stops`)."""
+        inner = [seg[1:-1] for seg in self.segments if len(seg) > 2]
+        return b'{"input":[' + b",".join(inner) + b"]}"
+
 
 def chain_of(entry: Entry | None, new_items: Sequence[Any], previous: str | None, keep: bool) -> Chain:
     """The :class:`Chain` of a request: ``entry``'s chain (None: none) plus ``new_items``."""

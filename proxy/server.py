@@ -468,7 +468,8 @@ async def _forward(
         upstream.close()
         if side is not None:
             conversation = decision.conversation if decision is not None else ""
-            relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields)
+            chain = decision.chain if decision is not None else None
+            relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields, chain)
 
 
 async def _incident_log(app: web.Application) -> AsyncIterator[None]:

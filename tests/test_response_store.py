@@ -467,3 +467,10 @@ def test_a_stopped_answer_is_kept_as_the_agent_got_it_and_repaired_for_the_upstr
     assert d.transcript == fd.transcript
     assert [where(a) for a in d.actions] == [where(a) for a in fd.actions]
     assert not any(a.fresh for a in d.actions)  # a new turn: nothing new to say
+
+
+def test_chain_history_is_a_request_body_of_the_whole_chain() -> None:
+    """What :func:`proxy.response.earlier_stops` reads for a chained request (incident records)."""
+    chain = Chain((b'[{"a":1}]', b"[]", b'[{"b":2},{"c":3}]'), 3, 0, "resp_1", True)
+    assert orjson.loads(chain.history()) == {"input": [{"a": 1}, {"b": 2}, {"c": 3}]}
+    assert orjson.loads(Chain().history()) == {"input": []}
