@@ -6,10 +6,12 @@ an id loopguard does not hold (a restart) is forwarded unguarded, counted and lo
 
 from __future__ import annotations
 
+import gzip
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
@@ -227,3 +229,73 @@ async def test_an_unknown_previous_response_is_forwarded_unguarded_counted_and_l
     requests = [e for e in logs if e["event"] == "request"]
     assert [e.get("unguarded") for e in requests] == [UNKNOWN_PREVIOUS] * 6
     assert stats["responses_store"]["entries"] == 0  # nothing of a lost chain is kept
+
+
+#: Every response-side check off: the answers are not read by the response side at all.
+NO_RESPONSE_SIDE = {
+    "stop": {"after_ignored_denials": 0, "on_cap": False},
+    "guards": {"monologue": {"stop_at": 0}, "escalation": {"stop": False}},
+    "response": {
+        "max_calls_per_response": 0,
+        "max_identical_per_response": 0,
+        "degenerate_text": {"enabled": False},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_chains_are_kept_with_the_response_side_off_and_answers_pass_byte_for_byte(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, stream: bool
+) -> None:
+    fake = FakeResponses(looping_script(), stateful=True)
+    upstream.handler = fake.handle
+    base = await make_proxy(NO_RESPONSE_SIDE)
+    prev = None
+    got: list[bytes] = []
+    async with aiohttp.ClientSession() as s:
+        for k in range(8):
+            if prev is None:
+                body: dict[str, Any] = {"model": "m", "input": PROMPT}
+            else:
+                call = fake.held[prev][-1]
+                out = {"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}
+                body = {"model": "m", "input": [out], "previous_response_id": prev}
+            async with s.post(f"{base}/v1/responses", json={**body, "stream": stream}) as r:
+                assert r.status == 200
+                got.append(await r.read())
+            prev = list(fake.held)[-1]
+            assert k == 0 or fake.bodies[-1]["previous_response_id"] is not None
+    assert got == fake.answers  # nothing read by the response side: the exact bytes
+    stats = await get(base, "/loop-guard")
+    assert stats["unguarded"] == {} and stats["stops"] == 0
+    assert (stats["reminders_injected"], stats["results_withheld"]) == (2, 3)  # the chain was guarded
+    assert stats["responses_store"]["entries"] == 8
+
+
+async def test_a_gzip_answer_is_kept(upstream: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """An upstream that compresses its JSON answers (the response side leaves those unread):
+    the store still learns each answer, so the chain stays guarded."""
+    fake = FakeResponses(looping_script(), stateful=True)
+
+    async def gzipped(request: web.Request, raw: bytes) -> web.StreamResponse:
+        plain = await fake.handle(request, raw)
+        assert isinstance(plain, web.Response) and plain.body is not None
+        data = gzip.compress(bytes(plain.body))  # type: ignore[arg-type]
+        return web.Response(
+            body=data, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        )
+
+    upstream.handler = gzipped
+    base = await make_proxy()
+    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    try:
+        r = await respond(client, False, input=PROMPT)
+        for _ in range(7):
+            items = [{"type": "function_call_output", "call_id": r.output[0].call_id, "output": RESULT}]
+            r = await respond(client, False, input=items, previous_response_id=r.id)
+    finally:
+        await client.close()
+    stats = await get(base, "/loop-guard")
+    assert stats["unguarded"] == {} and stats["stops"] == 0  # a compressed answer is not rewritten
+    assert (stats["reminders_injected"], stats["results_withheld"]) == (2, 3)  # but the chain is guarded
+    assert stats["responses_store"]["entries"] == 8
