@@ -6,8 +6,10 @@ registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
-``loopguard_unguarded_requests_total{reason}`` (chat requests the guards could not read:
-``not_json``, ``nesting``, ``not_chat``, ``content_encoding``), ``loopguard_internal_errors_total``
+``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
+read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
+``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
+:mod:`proxy.response_store`), ``loopguard_internal_errors_total``
 (fail-open events), ``loopguard_upstream_errors_total``, and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
@@ -49,7 +51,7 @@ class _StatsCollector(Collector):
         yield actions
         unguarded = CounterMetricFamily(
             "loopguard_unguarded_requests",
-            "Chat requests forwarded without guards, by reason.",
+            "Chat and Responses requests forwarded without guards, by reason.",
             labels=["reason"],
         )
         for reason, n in sorted(self._stats.unguarded.items()):

@@ -120,7 +120,7 @@ class Stats:
     #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
     per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
-    #: chat requests forwarded without guards, per reason (``RequestDecision.unguarded``)
+    #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 

@@ -2,8 +2,9 @@
 actions back into it (DESIGN §2.1).
 
 :data:`REGISTRY` maps request path suffixes to dialects: ``/chat/completions``
-(:mod:`proxy.dialects.openai_chat`) and ``/responses`` (:mod:`proxy.dialects.openai_responses`,
-request side only so far). Every other path is plain passthrough.
+(:mod:`proxy.dialects.openai_chat`) and ``/responses`` (:mod:`proxy.dialects.openai_responses`;
+its answers: :mod:`proxy.responses_answer`; its ``previous_response_id`` chains:
+:mod:`proxy.response_store`). Every other path is plain passthrough.
 """
 
 from __future__ import annotations

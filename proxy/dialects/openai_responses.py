@@ -20,6 +20,12 @@ the denial text (a parts array becomes that string); a reminder is a ``message``
 ``{"type": "message", "role": "user", "content": [{"type": "input_text", "text": …}]}`` inserted
 after the step's last output item, or appended to that output (``tool_suffix``: an
 ``input_text`` part for a parts array).
+
+``previous_response_id`` chains (:mod:`proxy.response_store`): :func:`input_items` gives the new
+items (a string ``input`` as one user message), the guards read the kept chain followed by them,
+and :func:`apply_chained` writes only the actions that fall on the new items, shifted to the
+request's ``input`` list, then puts the kept response's repair items (the outputs of calls
+loopguard dropped from that answer, its stop message) first in ``input``.
 """
 
 from __future__ import annotations
