@@ -555,8 +555,8 @@ class ResponsesStoreConfig:
 
     ``max_entries`` (1024): responses kept, least recently used dropped first; 0 = keep none
     (every chained request is then forwarded unguarded). ``max_bytes_mb`` (64): MiB of kept
-    items, each entry counted with its whole chain (an upper bound of the memory used, since
-    entries of one chain share their items); null = no byte limit. ``max_age_s`` (21600, six
+    items (JSON bytes; the responses of one chain share their items, which count once); a
+    response whose chain alone is larger is not kept; null = no byte limit. ``max_age_s`` (21600, six
     hours): an entry not stored or used for this long is dropped; null = no age limit.
     """
 

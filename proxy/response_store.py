@@ -41,12 +41,13 @@ response id seen in an upstream answer, an :class:`Entry`:
   (``unguarded{reason="unknown_previous_response"}``); it is logged once per chain: the answer's
   id joins the *lost* ids, and a request continuing a lost id is counted but not logged again.
 
-Bounds (:class:`proxy.config.ResponsesStoreConfig`): ``max_entries`` (least recently used first;
-0 keeps nothing), ``max_bytes_mb`` (each entry counted with its whole chain, an upper bound of
-the memory, since the entries of one chain share their byte strings; an entry larger than the
-whole budget is not kept), ``max_age_s`` since an entry was stored or last used. The lost ids are
-bounded by :data:`MAX_LOST` and the same age. Times are seconds from an injected clock
-(monotonic by default). Not thread-safe: the server uses it from its event loop only.
+Bounds (:class:`proxy.config.ResponsesStoreConfig`), the least recently used entry dropped
+first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the
+entries of one chain share their byte strings, which count once: a chain of 100 responses over
+a 1 MB history holds about 1 MB; an entry whose chain alone is larger than the budget is not
+kept); ``max_age_s`` since an entry was stored or last used. The lost ids are bounded by
+:data:`MAX_LOST` and the same age. Times are seconds from an injected clock (monotonic by
+default). Not thread-safe: the server uses it from its event loop only.
 """
 
 from __future__ import annotations
@@ -193,13 +194,16 @@ def entry_of(chain: Chain, answer: Answer) -> Entry:
 class ResponseStore:
     """The bounded map response id → :class:`Entry` (module doc), plus the lost ids."""
 
-    __slots__ = ("_bytes", "_entries", "_lost", "cfg", "clock", "evicted", "kept")
+    __slots__ = ("_bytes", "_entries", "_lost", "_segments", "cfg", "clock", "evicted", "kept")
 
     def __init__(self, cfg: ResponsesStoreConfig | None = None, clock: Callable[[], float] | None = None):
         self.cfg = cfg or ResponsesStoreConfig()
         self.clock: Callable[[], float] = clock or time.monotonic
         self._entries: OrderedDict[str, tuple[Entry, float]] = OrderedDict()
         self._lost: OrderedDict[str, float] = OrderedDict()
+        #: id of each segment held → [the segment, how many kept entries hold it]; the entries of
+        #: one chain share their segments, which are counted once
+        self._segments: dict[int, list[Any]] = {}
         self._bytes = 0
         #: entries stored, and entries dropped by a bound (count, bytes, age) since start
         self.kept = 0
@@ -215,7 +219,7 @@ class ResponseStore:
 
     @property
     def size(self) -> int:
-        """Bytes counted (each entry with its whole chain)."""
+        """Bytes held: every segment of the kept entries, each once."""
         return self._bytes
 
     def ids(self) -> list[str]:
@@ -226,9 +230,23 @@ class ResponseStore:
         age = self.cfg.max_age_s
         return age is not None and now - used > age
 
+    def _hold(self, entry: Entry) -> None:
+        for seg in entry.segments:
+            held = self._segments.get(id(seg))
+            if held is None:
+                self._segments[id(seg)] = [seg, 1]
+                self._bytes += len(seg)
+            else:
+                held[1] += 1
+
     def _drop(self, rid: str) -> None:
         entry, _ = self._entries.pop(rid)
-        self._bytes -= entry.size
+        for seg in entry.segments:
+            held = self._segments[id(seg)]
+            held[1] -= 1
+            if held[1] == 0:
+                del self._segments[id(seg)]
+                self._bytes -= len(seg)
 
     def _expire(self, now: float) -> None:
         while self._entries:
@@ -265,7 +283,7 @@ class ResponseStore:
         if self.cfg.max_entries == 0 or (limit is not None and entry.size > limit):
             return False
         self._entries[rid] = (entry, now)
-        self._bytes += entry.size
+        self._hold(entry)
         self.kept += 1
         self._expire(now)
         while len(self._entries) > self.cfg.max_entries or (limit is not None and self._bytes > limit):

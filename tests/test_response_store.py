@@ -26,6 +26,7 @@ from proxy.response_store import (
     Entry,
     ResponseStore,
     answer_of,
+    chain_of,
     entry_of,
     repair_items,
 )
@@ -50,7 +51,8 @@ class Clock:
 
 
 def entry(size: int) -> Entry:
-    return Entry((b"[]",), 0, size)
+    """An entry of one segment of ``size`` (>= 2) bytes of its own."""
+    return Entry((b"[" + b" " * (size - 2) + b"]",), 0, size)
 
 
 def store(clock: Clock | None = None, **cfg: Any) -> ResponseStore:
@@ -114,35 +116,35 @@ BOUNDS = [
     ),
     pytest.param(
         {"max_age_s": 10},
-        [("put", "a", 1, True), ("at", 5), ("put", "b", 1, True), ("at", 11), ("get", "a", False)],
+        [("put", "a", 2, True), ("at", 5), ("put", "b", 2, True), ("at", 11), ("get", "a", False)],
         ["b"],
         1,
         id="age_since_stored",
     ),
     pytest.param(
         {"max_age_s": 10},
-        [("put", "a", 1, True), ("at", 9), ("get", "a", True), ("at", 18), ("get", "a", True)],
+        [("put", "a", 2, True), ("at", 9), ("get", "a", True), ("at", 18), ("get", "a", True)],
         ["a"],
         0,
         id="a_use_restarts_the_age",
     ),
     pytest.param(
         {"max_age_s": 10},
-        [("put", "a", 1, True), ("at", 10), ("get", "a", True), ("at", 20.5), ("put", "b", 1, True)],
+        [("put", "a", 2, True), ("at", 10), ("get", "a", True), ("at", 20.5), ("put", "b", 2, True)],
         ["b"],
         1,
         id="expired_entries_go_at_the_next_put",
     ),
     pytest.param(
         {"max_age_s": None},
-        [("put", "a", 1, True), ("at", 10**9), ("get", "a", True)],
+        [("put", "a", 2, True), ("at", 10**9), ("get", "a", True)],
         ["a"],
         0,
         id="null_age_no_limit",
     ),
     pytest.param(
         {"max_entries": 0},
-        [("put", "a", 1, False), ("get", "a", False)],
+        [("put", "a", 2, False), ("get", "a", False)],
         [],
         0,
         id="zero_entries_keeps_none",
@@ -167,6 +169,24 @@ def test_store_bounds(
     assert s.ids() == held
     assert s.evicted == evicted
     assert s.size == sum(e.size for e in (s.get(i) for i in held) if e is not None)
+
+
+def test_the_entries_of_one_chain_share_their_bytes() -> None:
+    """Each response of a chain holds the segments of the one before it: they count once, so a
+    chain of ten responses holds the bytes of its newest one. Dropping one of its older responses
+    frees nothing; the chain's bytes go with its newest response."""
+    s = store(max_bytes_mb=400 / MB)
+    for k in range(10):
+        before = s.get(f"r{k - 1}") if k else None
+        request = chain_of(before, [{"i": k}], f"r{k - 1}" if k else None, True)
+        assert s.after_answer(request, Answer(f"r{k}", "completed", ({"o": k},)))
+    newest = s.get("r9")
+    assert newest is not None and newest.count == 20
+    assert s.size == newest.size == sum(len(seg) for seg in newest.segments) == 180
+    assert s.put("x", entry(200))  # 380 bytes: everything fits
+    assert (len(s), s.size, s.evicted) == (11, 380, 0)
+    assert s.put("y", entry(100))  # 480: r0..r8 go (freeing nothing), then r9 (180)
+    assert (s.ids(), s.size, s.evicted) == (["x", "y"], 300, 10)
 
 
 def test_defaults() -> None:
