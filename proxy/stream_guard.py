@@ -50,6 +50,7 @@ DONE = b"data: [DONE]\n\n"
 #: the stream unread (issue 14, item 7: an unterminated 200 MiB event is not buffered whole).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 _BASE_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
+_SCALARS = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +201,10 @@ class StreamGuard:
             self._emit(ev.raw, out)
             return
         if self._base is None:
-            self._base = {k: obj[k] for k in _BASE_FIELDS if k in obj} | {"object": "chat.completion.chunk"}
+            # copied into every chunk the guard writes: scalars only (a value no writer takes, one
+            # nested ~1,000 levels deep, would break them all)
+            base = {k: obj[k] for k in _BASE_FIELDS if k in obj and isinstance(obj[k], _SCALARS)}
+            self._base = base | {"object": "chat.completion.chunk"}
         calls: set[int] = set()
         finished: set[int] = set()
         cut: Cut | None = None
