@@ -399,9 +399,14 @@ NAMES = ["read_file", "bash", "grep", "edit_file", "search", ""]
 IDS = ["call_1", "call_2", "call_3", "c", ""]
 
 
+#: arguments nested deeper than this make the guards raise (RecursionError from about 493 levels:
+#: test_known_bug_arguments_nested_500_levels_deep): kept out until fixed
+ARGUMENTS_DEPTH = 400
+
+
 @st.composite
 def arguments(draw: st.DrawFn, text: st.SearchStrategy[str], max_depth: int, big: bool = True) -> Any:
-    value = draw(junk(text, max_depth, big))
+    value = draw(junk(text, min(max_depth, ARGUMENTS_DEPTH), big))
     kind = draw(st.integers(0, 5))
     if kind == 0:
         return value  # an object (or anything) instead of a string
@@ -783,3 +788,20 @@ def test_known_bug_the_conversation_key_depends_on_the_decoder() -> None:
     grown = first + b'{"role":"user","content":"hi"},{"role":"user","content":"\\udcff"}]}'
     keys = {decide_request(raw, {}, GUARD_SETS[0], HEADERS).conversation for raw in (plain, grown)}
     assert len(keys) == 1
+
+
+@pytest.mark.xfail(strict=True, raises=RecursionError, reason="the guards walk arguments recursively")
+@pytest.mark.parametrize("form", ["string", "object"])
+@pytest.mark.parametrize("depth", [500, 1000])
+def test_known_bug_arguments_nested_500_levels_deep(depth: int, form: str) -> None:
+    """Arguments nested from about 493 levels (as a JSON string or an object; orjson reads up to
+    1,024): canonical._normalize recurses two frames a level (RecursionError, though its docstring
+    says it never raises), and with that caught echo_loop's walk raises next (from ~600). The
+    server fails open and counts it; the loop in the conversation goes unguarded."""
+    deep = "[" * depth + "]" * depth
+    body = _looping_body()
+    for m in body["messages"]:
+        for tc in m.get("tool_calls") or []:
+            tc["function"]["arguments"] = deep if form == "string" else Raw(deep)
+    raw, _ = serialize(body, Style(False, None, ",", ":", ""))
+    decide_request(raw, {}, GUARD_SETS[0], HEADERS)
