@@ -85,7 +85,21 @@ DONE_MARK = b"[DONE]"
 
 #: What a request on a kept-alive connection the upstream has just closed fails with, before any
 #: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
+#: Only a reused connection is retried (:func:`_note_reuse`); on a fresh one the upstream got the
+#: request, so the failure is a 502.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+async def _note_reuse(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
+    """aiohttp trace hook: the request is going out on a pooled (kept-alive) connection."""
+    if isinstance(ctx.trace_request_ctx, dict):
+        ctx.trace_request_ctx["reused"] = True
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_note_reuse)
+    return trace
 
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
@@ -307,7 +321,10 @@ async def _forward(
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
 
+    attempt: dict[str, bool] = {}
+
     async def send() -> aiohttp.ClientResponse:
+        attempt["reused"] = False  # set by _note_reuse when the pool hands out a kept-alive connection
         return await app[SESSION_KEY].request(
             request.method,
             url,
@@ -315,14 +332,17 @@ async def _forward(
             data=body if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
+            trace_request_ctx=attempt,
         )
 
     try:
         try:
             upstream = await send()
         except STALE_CONNECTION as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError):
-                raise  # no connection at all: nothing stale to retry
+            if isinstance(exc, aiohttp.ClientConnectorError) or not attempt["reused"]:
+                # no connection at all, or a fresh one the upstream read the request on and then
+                # dropped: sending it again could run a generation twice
+                raise
             # a kept-alive connection the upstream closed at its idle timeout as the request went
             # out: once more, on a fresh connection (issue 14, item 10)
             fields["retried"] = True
@@ -437,6 +457,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
+        trace_configs=[_trace_config()],
     )
     yield
     await app[SESSION_KEY].close()
