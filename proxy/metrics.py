@@ -6,7 +6,8 @@ registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
-``loopguard_internal_errors_total`` (fail-open events), ``loopguard_upstream_errors_total``, and
+``loopguard_internal_errors_total`` (fail-open events), ``loopguard_upstream_errors_total``,
+``loopguard_disconnects_total`` (agents that went away before the whole answer), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -29,6 +30,7 @@ _COUNTERS = (
     ("rewritten_requests", "Requests whose body the guards changed."),
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
+    ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
 )
 
 
