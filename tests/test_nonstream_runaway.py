@@ -623,6 +623,36 @@ async def test_a_complete_answer_survives_a_connection_broken_after_it(
         assert (r.status, await r.read()) == (200, TEXT_JSON)
 
 
+async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(upstream: FakeUpstream) -> None:
+    """What ``serve_forever`` does at the end of the grace period (it closes the upstream
+    responses still in flight): the agent, which asked for JSON, gets an error answer."""
+    from proxy.server import INFLIGHT_KEY, SHUTDOWN_KEY
+    from tests.proxy_server import serve
+
+    sent = asyncio.Event()
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(ev(chunk({"role": "assistant", "content": "Once"})))
+        sent.set()
+        await asyncio.Event().wait()
+        return resp
+
+    upstream.handler = handler
+    async with serve(ON, upstream.url) as (base, app), aiohttp.ClientSession() as http:
+        answer = asyncio.ensure_future(http.post(base + CHAT, data=b'{"model":"m","messages":[]}'))
+        await asyncio.wait_for(sent.wait(), 5)
+        app[SHUTDOWN_KEY].set()
+        for u in list(app[INFLIGHT_KEY]):
+            app[INFLIGHT_KEY].discard(u)
+            u.close()
+        r = await asyncio.wait_for(answer, 5)
+        assert r.status == 503
+        assert orjson.loads(await r.read())["error"]["type"] == "proxy_shutdown"
+        r.release()
+
+
 # --- sans-I/O pieces ------------------------------------------------------------------------------------
 
 
