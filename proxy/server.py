@@ -11,7 +11,10 @@ Behaviour at the edge:
   answers to chat completions go through the response side (:mod:`proxy.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
-  at once, so a local model server stops generating.
+  at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
+  watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
+  ``upstream.stream_json_requests`` a non-streaming chat request goes upstream as a stream and
+  its answer is assembled into JSON (:mod:`proxy.as_stream`, :func:`_relay_streamed`).
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
