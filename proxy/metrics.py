@@ -8,7 +8,8 @@ Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
 ``loopguard_unguarded_requests_total{reason}`` (chat requests the guards could not read:
 ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``), ``loopguard_internal_errors_total``
-(fail-open events), ``loopguard_upstream_errors_total``, and
+(fail-open events), ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents
+that went away before the whole answer), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -31,6 +32,7 @@ _COUNTERS = (
     ("rewritten_requests", "Requests whose body the guards changed."),
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
+    ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
 )
 
 

@@ -116,6 +116,9 @@ class Stats:
     responses_cut: int = 0
     internal_errors: int = 0
     upstream_errors: int = 0
+    #: requests the agent went away from before it had the whole answer (the upstream request
+    #: was closed then, so the model server can stop generating)
+    disconnects: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
     #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
     per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -156,6 +159,7 @@ class Stats:
             "responses_cut": self.responses_cut,
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
+            "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),

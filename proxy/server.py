@@ -11,7 +11,10 @@ Behaviour at the edge:
   answers to chat completions go through the response side (:mod:`proxy.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
-  at once, so a local model server stops generating.
+  at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
+  watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
+  ``upstream.stream_json_requests`` a non-streaming chat request goes upstream as a stream and
+  its answer is assembled into JSON (:mod:`proxy.as_stream`, :func:`_relay_streamed`).
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
@@ -40,7 +43,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import connections, dialects, forward, relay
+from proxy import as_stream, connections, dialects, forward, relay
 from proxy.config import Config
 from proxy.dialects import openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
@@ -276,6 +279,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
     url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
     headers = forward.filter_headers(request.headers.items(), forward.REQUEST_DROP)
+    streamed = _as_stream(request, decision)
     fields = {
         "method": request.method,
         "path": request.path,
@@ -291,8 +295,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     app[METRICS_KEY].observe_added(t_send - t_start)
+    if streamed is not None:
+        fields["as_stream"] = True
     try:
-        return await _forward(request, url, headers, decision.body, fields, t_send, decision)
+        return await _forward(request, url, headers, decision.body, fields, t_send, decision, streamed)
     except asyncio.CancelledError:
         if app[SHUTDOWN_KEY].is_set() and not request.get(DELIVERED):
             fields["shutdown"] = True  # ended by the shutdown after the grace period
@@ -300,8 +306,26 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             fields["disconnected"] = True  # the agent went away; the upstream request is closed
         raise
     finally:
+        if "disconnected" in fields:
+            st.disconnects += 1
         failed = "upstream_error" in fields or "disconnected" in fields or "shutdown" in fields
         (log.warning if failed else log.info)("request", **fields)
+
+
+def _as_stream(request: web.Request, decision: RequestDecision) -> bytes | None:
+    """The body to send upstream as a stream (``upstream.stream_json_requests``,
+    :mod:`proxy.as_stream`), or None to send ``decision.body`` as it is. Fails open."""
+    app = request.app
+    if not app[CONFIG_KEY].upstream.stream_json_requests or _guarded(request) != "chat":
+        return None
+    if "content-encoding" in request.headers:
+        return None
+    try:
+        return as_stream.stream_request(decision.body, parsed=decision.transcript is not None)
+    except Exception as exc:  # fail open: the request goes as the agent sent it
+        app[STATS_KEY].internal_errors += 1
+        log.error("as_stream_error", error=type(exc).__name__, path=request.path)
+        return None
 
 
 async def _forward(
@@ -312,14 +336,22 @@ async def _forward(
     fields: dict[str, Any],
     t_send: float,
     decision: RequestDecision | None = None,
+    streamed: bytes | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the response; fills ``fields`` for the log line.
-    Answers to chat completions go through the response side (:mod:`proxy.relay`)."""
+    Answers to chat completions go through the response side (:mod:`proxy.relay`).
+    ``streamed``: the body as a stream request (``upstream.stream_json_requests``), sent instead
+    of ``body``; its answer is assembled into JSON, and ``body`` is sent once more when the
+    upstream refuses the stream or sends an empty one (:func:`_relay_streamed`)."""
     app = request.app
     st = app[STATS_KEY]
     base, auth = app[UPSTREAM_KEY]
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
+    sent_headers = headers
+    if streamed is not None:  # an event stream loopguard must read: not compressed
+        sent_headers = headers.copy()
+        sent_headers.popall("Accept-Encoding", None)
 
     attempt: dict[str, bool] = {}
 
@@ -328,8 +360,8 @@ async def _forward(
         return await app[SESSION_KEY].request(
             request.method,
             url,
-            headers=headers,
-            data=body if body or request.can_read_body else None,
+            headers=sent_headers,
+            data=(streamed if streamed is not None else body) if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
             trace_request_ctx=attempt,
@@ -370,6 +402,14 @@ async def _forward(
     except Exception as exc:  # fail open: relay the answer as is
         relay.failed(st, "plan", exc)
     try:
+        if streamed is not None and (relay.readable_stream(upstream) or 400 <= upstream.status < 500):
+            answer = await _relay_streamed(request, upstream, side, fields)
+            if answer is not None:
+                return answer
+            # the upstream refused the stream, or sent none: the request once more, as it came
+            app[INFLIGHT_KEY].discard(upstream)
+            upstream.close()
+            return await _forward(request, url, headers, body, fields, t_send, decision)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
         try:
@@ -437,6 +477,95 @@ async def _forward(
         if side is not None:
             conversation = decision.conversation if decision is not None else ""
             relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields)
+
+
+#: Upstream response headers that describe an event stream, not the JSON answer made of it.
+_STREAM_HEADERS = ("Content-Type", "Content-Length", "X-Accel-Buffering")
+
+
+async def _relay_streamed(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    side: relay.ResponseSide | None,
+    fields: dict[str, Any],
+) -> web.StreamResponse | None:
+    """The agent's answer to a request sent upstream as a stream (``upstream.stream_json_requests``):
+    a 200 event stream assembled into one ``chat.completion`` (:func:`proxy.relay.relay_as_json`),
+    a 4xx passed through as it came, or None when the original request is to be sent once more
+    (an empty event stream, or a 4xx that refuses the stream itself: ``stream_fallback``)."""
+    app = request.app
+    st = app[STATS_KEY]
+    base = app[UPSTREAM_KEY][0]
+    headers = forward.filter_headers(upstream.headers.items())
+    if not relay.readable_stream(upstream):  # a 4xx: small; read it to see what it refuses
+        return await _refused(request, upstream, fields)
+    assembly, error = await relay.relay_as_json(upstream, side, st)
+    if assembly.empty and not isinstance(error, asyncio.TimeoutError) and not app[SHUTDOWN_KEY].is_set():
+        fields["stream_fallback"] = "empty_stream"
+        return None
+    answer = assembly.answer()
+    if answer is None:
+        if isinstance(error, asyncio.TimeoutError):
+            return _timeout_response(base, fields, st)
+        if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
+            fields.update(shutdown=True, status=503)
+            return web.Response(
+                status=503,
+                body=_error_body("loopguard is shutting down", "proxy_shutdown", 503),
+                content_type="application/json",
+            )
+        st.upstream_errors += 1
+        fields.update(status=502, upstream_error=type(error).__name__ if error else "IncompleteStream")
+        return web.Response(
+            status=502,
+            body=_error_body(
+                "loopguard: upstream closed the stream before it finished", "upstream_disconnected", 502
+            ),
+            content_type="application/json",
+        )
+    status, body = answer
+    fields["status"] = status
+    for name in _STREAM_HEADERS:
+        headers.popall(name, None)
+    headers["Content-Type"] = "application/json"
+    return web.Response(status=status, body=body, headers=headers)
+
+
+async def _refused(
+    request: web.Request, upstream: aiohttp.ClientResponse, fields: dict[str, Any]
+) -> web.StreamResponse | None:
+    """A 4xx answer to a request sent as a stream: None when it refuses the stream itself
+    (:func:`proxy.as_stream.stream_rejected`), else passed through as it came."""
+    app = request.app
+    raw = bytearray()
+    try:
+        while len(raw) <= 65536:
+            chunk = await upstream.content.read(65537 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, asyncio.TimeoutError):
+            return _timeout_response(app[UPSTREAM_KEY][0], fields, app[STATS_KEY])
+    else:
+        if upstream.content.at_eof() and as_stream.stream_rejected(upstream.status, bytes(raw)):
+            fields["stream_fallback"] = "rejected"
+            return None
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.extend(forward.filter_headers(upstream.headers.items()))
+    await response.prepare(request)
+    await response.write(bytes(raw))
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        app[STATS_KEY].upstream_errors += 1
+        fields["upstream_error"] = type(exc).__name__
+        if request.transport is not None:
+            request.transport.close()  # not the whole body: the agent must not take it as one
+        return response
+    await response.write_eof()
+    return response
 
 
 async def _incident_log(app: web.Application) -> AsyncIterator[None]:
