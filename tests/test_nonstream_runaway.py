@@ -221,7 +221,7 @@ async def test_upstream_gets_the_request_as_a_stream_only_those_bytes_changed(
         (CHAT, b'{"model":"m","messages":[],"stream":"no"}'),
         (CHAT, b"not json"),
         (CHAT, b'["a list"]'),
-        (CHAT, b'{"model":"m","messages":[],"temperature":1e400}'),  # JSON orjson cannot read
+        (CHAT, b'\xef\xbb\xbf{"model":"m","messages":[]}'),  # a BOM: not JSON to loopguard
         ("/v1/completions", b'{"model":"m","prompt":"hi"}'),
         ("/v1/embeddings", b'{"model":"m","input":"hi"}'),
     ],
@@ -230,7 +230,7 @@ async def test_upstream_gets_the_request_as_a_stream_only_those_bytes_changed(
         "odd_stream_value",
         "not_json",
         "not_an_object",
-        "unreadable_number",
+        "bom_not_json",
         "completions",
         "embeddings",
     ],
@@ -246,6 +246,25 @@ async def test_other_requests_go_upstream_byte_for_byte(
     async with agent.post(base + path, data=body) as r:
         assert await r.read() == b'{"ok":true}'
     assert upstream.requests[0].body == body
+
+
+async def test_json_orjson_cannot_read_is_converted_with_its_number_text_kept(
+    upstream: FakeUpstream, make_proxy, agent
+) -> None:
+    """``1e400`` is JSON (the guards read it, proxy.jsonbody): the request goes as a stream and
+    only the stream members are added; the number text is untouched."""
+
+    async def handler(request: web.Request, got: bytes) -> web.StreamResponse:
+        return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    upstream.handler = handler
+    base = await make_proxy(ON)
+    body = b'{"model":"m","messages":[],"temperature":1e400}'
+    async with agent.post(base + CHAT, data=body) as r:
+        assert await r.read() == b'{"ok":true}'
+    assert upstream.requests[0].body == (
+        b'{"stream":true,"stream_options":{"include_usage":true},"model":"m","messages":[],"temperature":1e400}'
+    )
 
 
 # --- the assembled answer -------------------------------------------------------------------------------
