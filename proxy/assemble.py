@@ -69,24 +69,28 @@ def _merge_arguments(current: Any, new: Any) -> Any:
 class CallAssembler:
     """The tool calls of one choice, from its deltas in stream order."""
 
-    __slots__ = ("_by_id", "_by_index", "calls")
+    __slots__ = ("_by_id", "_by_index", "_tool_calls", "calls")
 
     def __init__(self) -> None:
+        self._tool_calls = False  # the choice sent ``tool_calls``: a ``function_call`` mirrors them
         self.calls: list[AssembledCall] = []
         self._by_index: dict[int, int] = {}  # wire index -> position in calls of its newest call
         self._by_id: dict[str, int] = {}
 
     def add(self, delta: dict[str, Any]) -> int:
-        """Apply one choice ``delta``'s ``tool_calls`` (or legacy ``function_call``). Returns the
-        number of calls it started."""
+        """Apply one choice ``delta``'s ``tool_calls`` (or legacy ``function_call``, read only
+        while the choice has sent no ``tool_calls``). Returns the number of calls it started."""
         started = 0
         tool_calls = delta.get("tool_calls")
-        if isinstance(tool_calls, list):
+        if isinstance(tool_calls, list) and tool_calls:
+            self._tool_calls = True
             for tc in tool_calls:
                 if isinstance(tc, dict):
                     started += self._add_one(tc)
         fc = delta.get("function_call")
-        if isinstance(fc, dict):
+        # llama-cpp-python mirrors each tool call as a legacy function_call in the same deltas: one
+        # call, not two (as the JSON side reads a message: proxy.response.message_calls)
+        if isinstance(fc, dict) and not self._tool_calls:
             started += self._add_one({"index": -1, "function": fc})
         return started
 
