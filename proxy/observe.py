@@ -128,6 +128,7 @@ class Stats:
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 
     def record_actions(self, actions: Iterable[Action]) -> None:
+        withheld: set[int] = set()  # a result two guards withhold is one result withheld
         for a in actions:
             if not a.fresh:
                 continue
@@ -136,7 +137,10 @@ class Stats:
             if a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":
-                self.results_withheld += 1
+                position = a.position if isinstance(a, Withhold) else -1
+                if position not in withheld:
+                    withheld.add(position)
+                    self.results_withheld += 1
                 if isinstance(a, Withhold) and a.reason:
                     self.withhold_kinds[a.reason] += 1
             elif a.kind == "stop":

@@ -85,6 +85,8 @@ DELIVERED: Any = (
     web.RequestKey("loopguard.delivered", bool) if hasattr(web, "RequestKey") else "loopguard.delivered"
 )
 DONE_MARK = b"[DONE]"
+#: Seconds an answer given before the whole request body came waits for the rest (see start()).
+LINGER_S = 1.0
 
 #: What a request on a kept-alive connection the upstream has just closed fails with, before any
 #: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
@@ -261,6 +263,27 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return _body_timeout_response(request, exc.received)
+    except web.HTTPRequestEntityTooLarge:
+        limit = app[CONFIG_KEY].upstream.max_body_mb
+        log.warning(  # the request line's fields, as for any request
+            "request",
+            method=request.method,
+            path=request.path,
+            conversation=None,
+            model=None,
+            stream=None,
+            rewritten=False,
+            actions=[],
+            status=413,
+            too_large=True,
+        )
+        return web.Response(
+            status=413,
+            body=_error_body(
+                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)", "request_too_large", 413
+            ),
+            content_type="application/json",
+        )
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -269,8 +292,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
     elif dialect is not None:
-        st.guarded_requests += 1
         decision = _decide(request, raw, dialect)
+        if decision.unguarded is None:
+            st.guarded_requests += 1  # read by the guards (unreadable ones count under unguarded)
         if decision.changed:
             st.rewritten_requests += 1
         st.record_actions(decision.actions)
@@ -457,13 +481,16 @@ async def _forward(
             st.upstream_errors += 1
             fields["upstream_error"] = type(exc).__name__
             if upstream.content_type == "text/event-stream":
+                stalled = isinstance(exc, READ_TIMEOUT)
                 with contextlib.suppress(Exception):
                     await response.write(
                         _error_event(
                             request,
-                            "loopguard: upstream closed the stream before it finished",
-                            "upstream_disconnected",
-                            502,
+                            "loopguard: upstream sent nothing for longer than upstream.read_timeout_s"
+                            if stalled
+                            else "loopguard: upstream closed the stream before it finished",
+                            "upstream_timeout" if stalled else "upstream_disconnected",
+                            504 if stalled else 502,
                         )
                     )
             # Close without the terminating chunk: the agent must not mistake this for success.
@@ -627,6 +654,10 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
         shutdown_timeout=cfg.listen.shutdown_grace_s,
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
+        # an answer sent before the whole body came (a 408 after a stalled body, a 413) drains
+        # the rest for at most this long before closing (aiohttp's default is 10 s, a connection
+        # slot held that long; without draining, a reset could destroy the answer)
+        lingering_time=LINGER_S,
     )
     await runner.setup()
     assert runner.server is not None
