@@ -113,12 +113,24 @@ class UpstreamConfig:
     longest the upstream may send nothing — before its response headers (a non-streaming answer
     is generated in that time) and between any two reads of its body; ``null`` = wait forever
     (issue 14, item 1: the default ends every stall). ``max_body_mb``: largest request body
-    accepted, MiB."""
+    accepted, MiB.
+
+    ``stream_json_requests`` (issue 14, item 13; default false): a chat-completions request the
+    agent sends without ``"stream": true`` goes upstream as a stream (``"stream": true`` and, when
+    the body has no ``stream_options``, ``"stream_options": {"include_usage": true}``, spliced
+    into the bytes; ``Accept-Encoding`` dropped) and the answer is assembled into the one
+    ``chat.completion`` object the agent asked for (:mod:`proxy.as_stream`). Then an agent that
+    hangs up frees the model slot on servers that only notice a closed *stream*
+    (llama-cpp-python), and the runaway and degenerate-text cuts apply as they do to streams. Off
+    by default: the agent then gets JSON loopguard wrote, not the server's bytes, and some
+    upstreams refuse or change streamed requests (an upstream that refuses the stream itself, or
+    answers with an empty stream, gets the original request once more)."""
 
     url: str = "http://127.0.0.1:8080/v1"
     connect_timeout_s: float = 10.0
     read_timeout_s: float | None = 900.0
     max_body_mb: int = 64
+    stream_json_requests: bool = False
 
     def check(self, path: str) -> None:
         parts = urlsplit(self.url)

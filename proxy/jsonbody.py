@@ -54,7 +54,11 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _stdlib(raw: bytes | str) -> Any:
-    return json.loads(raw, parse_constant=_refuse_constant)
+    # JSON is UTF-8 (RFC 8259 §8.1): bytes are decoded strictly as such, so a UTF-16/32 body or
+    # one starting with a BOM is not JSON here (json.loads would guess the encoding, and byte
+    # offsets would no longer match what it read)
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def decode(raw: bytes | str) -> Any:

@@ -9,8 +9,9 @@ Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
-:mod:`proxy.response_store`), ``loopguard_internal_errors_total``
-(fail-open events), ``loopguard_upstream_errors_total``, and
+:mod:`proxy.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
+``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
+before the whole answer), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -33,6 +34,7 @@ _COUNTERS = (
     ("rewritten_requests", "Requests whose body the guards changed."),
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
+    ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
 )
 
 

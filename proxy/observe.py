@@ -116,6 +116,9 @@ class Stats:
     responses_cut: int = 0
     internal_errors: int = 0
     upstream_errors: int = 0
+    #: requests the agent went away from before it had the whole answer (the upstream request
+    #: was closed then, so the model server can stop generating)
+    disconnects: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
     #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
     per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -125,6 +128,7 @@ class Stats:
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
 
     def record_actions(self, actions: Iterable[Action]) -> None:
+        withheld: set[int] = set()  # a result two guards withhold is one result withheld
         for a in actions:
             if not a.fresh:
                 continue
@@ -133,7 +137,10 @@ class Stats:
             if a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":
-                self.results_withheld += 1
+                position = a.position if isinstance(a, Withhold) else -1
+                if position not in withheld:
+                    withheld.add(position)
+                    self.results_withheld += 1
                 if isinstance(a, Withhold) and a.reason:
                     self.withhold_kinds[a.reason] += 1
             elif a.kind == "stop":
@@ -156,6 +163,7 @@ class Stats:
             "responses_cut": self.responses_cut,
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
+            "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),

@@ -21,6 +21,10 @@ for compression get exactly what the upstream sent). Everything else is plain pa
   When the response side reads nothing (its checks all off, a ``gzip``/``deflate`` body) and the
   store wants the answer, the bytes pass through unchanged while
   :class:`proxy.responses_answer.ResponseCapture` reads them (kind ``observe``).
+- A non-streaming request sent upstream as a stream (``upstream.stream_json_requests``,
+  :mod:`proxy.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
+  :class:`StreamGuard` (so runaway and degenerate cuts close the upstream at once), and what it
+  lets through is assembled into the one JSON answer the agent asked for.
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
   ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
   rest of the response is relayed as is.
@@ -40,6 +44,7 @@ from aiohttp import web
 
 from proxy import responses_answer
 from proxy.actions import Action, Stop
+from proxy.as_stream import Assembly
 from proxy.config import Config
 from proxy.guards import Context, Guard
 from proxy.incidents import IncidentLog
@@ -267,6 +272,63 @@ async def relay_observed(
             side.answered(capture.answer, stats)
         except Exception as exc:
             failed(stats, "capture", exc)
+
+
+def readable_stream(upstream: aiohttp.ClientResponse) -> bool:
+    """A 200 event stream loopguard can read (not compressed)."""
+    return (
+        upstream.status == 200
+        and upstream.content_type == "text/event-stream"
+        and "content-encoding" not in upstream.headers
+    )
+
+
+async def relay_as_json(
+    upstream: aiohttp.ClientResponse, side: ResponseSide | None, stats: Stats
+) -> tuple[Assembly, Exception | None]:
+    """Read a streamed answer to a request the agent sent without ``stream`` through the stream
+    guard (when the response side is on) into an :class:`Assembly`; the caller turns it into the
+    agent's JSON answer. On a cut the upstream is closed at once and reading stops. An upstream
+    read error ends the reading (what the guard held is assembled unchanged) and is returned
+    with the assembly: an answer that was complete before it is still whole."""
+    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None else None
+    assembly = Assembly()
+    unsettled = bytearray()  # bytes received and not yet settled by the guard
+    error: Exception | None = None
+    try:
+        try:
+            async for chunk in upstream.content.iter_any():
+                if guard is None:
+                    assembly.feed(chunk)
+                    continue
+                try:
+                    out = guard.feed(chunk)
+                    unsettled += chunk
+                    del unsettled[: len(unsettled) - (guard.received - guard.settled)]
+                except Exception as exc:  # fail open: assemble what the upstream sent, unguarded
+                    failed(stats, "sse", exc)
+                    if side is not None:
+                        side.actions.extend(guard.actions)
+                    guard = None
+                    assembly.feed(bytes(unsettled) + chunk)
+                    continue
+                assembly.feed(out.data)
+                if out.abort:
+                    upstream.close()  # the server stops generating now
+                    break
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            error = exc
+        if guard is not None:
+            try:  # the end of the stream decides what is open; after an error, held bytes go as is
+                assembly.feed(guard.finish() if error is None else guard.release())
+            except Exception as exc:
+                failed(stats, "sse", exc)
+                assembly.feed(bytes(unsettled))
+        assembly.finish()
+        return assembly, error
+    finally:
+        if guard is not None and side is not None:
+            side.actions.extend(guard.actions)
 
 
 def record(

@@ -31,8 +31,8 @@ JSON (:func:`decide_json`): the same decisions on a whole ``response`` object. S
 ``output`` keeps the items that are neither calls nor assistant messages, then one assistant
 message with one ``output_text`` part: the answer's text, a blank line and the stop text.
 
-Byte accounting for fail-open, as in :class:`proxy.stream_guard.StreamGuard`: ``received`` counts
-the bytes fed, ``settled`` those whose fate is decided.
+The framing, the states and the byte accounting for fail-open are
+:class:`proxy.stream_guard.FramedGuard`'s, shared with the chat stream guard.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from proxy.degenerate import RepetitionDetector
 from proxy.response import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
 from proxy.response_store import Answer, answer_of
 from proxy.sse import SSEEvent, SSEFramer
-from proxy.stream_guard import MAX_EVENT_BYTES, Output
+from proxy.stream_guard import MAX_EVENT_BYTES, FramedGuard
 
 CALL_ITEMS = frozenset(("function_call", "custom_tool_call"))
 _ARG_DELTAS = frozenset(("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"))
@@ -180,40 +180,28 @@ class _Held:
     call: int | None = None  # index into the calls of the call item this event belongs to
 
 
-class ResponsesStreamGuard:
-    """One streamed Responses answer. Same interface as :class:`proxy.stream_guard.StreamGuard`:
-    :meth:`feed`, :meth:`finish`, :meth:`release`, ``actions``, ``complete``, ``received``,
-    ``settled``, ``aborted``."""
+class ResponsesStreamGuard(FramedGuard):
+    """One streamed Responses answer (the interface of :class:`proxy.stream_guard.FramedGuard`)."""
 
     __slots__ = (
         "_base",
         "_calls",
-        "_cfg",
         "_client_items",
         "_content",
         "_done_calls",
-        "_framer",
         "_held",
         "_index_map",
         "_item_call",
         "_items",
-        "_judge",
         "_reasoning",
         "_renumber",
         "_seq",
-        "_state",
         "_text",
-        "actions",
         "answer",
-        "complete",
-        "received",
-        "settled",
     )
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
-        self._cfg = cfg
-        self._judge = judge
-        self._framer = SSEFramer()
+        super().__init__(cfg, judge)
         self._held: list[_Held] = []
         self._calls: list[AssembledCall] = []
         self._item_call: dict[Any, int] = {}  # item id / output_index → call index
@@ -228,64 +216,13 @@ class ResponsesStreamGuard:
         self._renumber = False
         self._client_items = 0  # output items the agent has seen added
         self._index_map: dict[int, int] = {}  # upstream output_index → the agent's
-        self._state = "inspect"  # | "pass" | "done"
-        self.actions: list[Action] = []
         #: the answer as the agent gets it, once its final event is decided (proxy.response_store)
         self.answer: Answer | None = None
-        self.received = 0
-        self.settled = 0
-        #: the stream said how it ended (a terminal event, something unread, or our own cut)
-        self.complete = False
 
-    @property
-    def aborted(self) -> bool:
-        return self._state == "done"
-
-    # --- input ------------------------------------------------------------------------------------
-
-    def feed(self, chunk: bytes) -> Output:
-        """Bytes from the upstream; returns what the agent gets now."""
-        self.received += len(chunk)
-        if self._state == "done":
-            self.settled = self.received
-            return Output()
-        if self._state == "pass":
-            self.settled += len(chunk)
-            return Output(chunk)
-        out = bytearray()
-        for ev in self._framer.feed(chunk):
-            if self._state == "inspect":
-                self._event(ev, out)
-            elif self._state == "pass":
-                self._emit_raw(ev.raw, out)
-            if self._state == "done":
-                self.settled = self.received
-                return Output(bytes(out), abort=True)
-        if self._state == "inspect" and self._framer.pending > MAX_EVENT_BYTES:
-            self.complete = True
-            self._give_up(out)
-        if self._state == "pass":
-            self._emit_raw(self._framer.finish(), out)
-        return Output(bytes(out))
-
-    def finish(self) -> bytes:
-        """The upstream ended the stream: release everything (no terminal event: nothing to
-        decide on, ``complete`` stays False)."""
-        if self._state == "done":
-            return b""
-        out = bytearray()
+    def _end_of_stream(self, out: bytearray) -> None:
+        """No terminal event came: nothing to decide on; everything goes out (``complete`` stays
+        False)."""
         self._give_up(out)
-        self._emit_raw(self._framer.finish(), out)
-        return bytes(out)
-
-    def release(self) -> bytes:
-        """Everything held, unchanged (the upstream failed mid-stream); passthrough from here."""
-        if self._state == "done":
-            return b""
-        out = bytearray()
-        self._give_up(out)
-        self._emit_raw(self._framer.finish(), out)
-        return bytes(out)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -301,7 +238,7 @@ class ResponsesStreamGuard:
         if not isinstance(kind, str):
             self.complete = True  # not an event of this grammar: relay the rest unread
             self._give_up(out)
-            self._emit_raw(ev.raw, out)
+            self._emit(ev.raw, out)
             return
         assert isinstance(obj, dict)
         if kind in ("response.created", "response.in_progress") and isinstance(obj.get("response"), dict):
@@ -311,7 +248,7 @@ class ResponsesStreamGuard:
             self.complete = True
             self.answer = answer_of(obj.get("response"))
             self._give_up(out)
-            self._emit_raw(ev.raw, out)
+            self._emit(ev.raw, out)
             return
         held = _Held(ev.raw, obj, call)
         if kind == "response.completed":
@@ -486,14 +423,10 @@ class ResponsesStreamGuard:
         else:
             self._emit_event(held, out)
 
-    def _emit_raw(self, raw: bytes, out: bytearray) -> None:
-        out += raw
-        self.settled += len(raw)
-
     def _emit_event(self, h: _Held, out: bytearray) -> None:
         obj = h.obj
         if obj is None:
-            self._emit_raw(h.raw, out)
+            self._emit(h.raw, out)
             return
         oi = obj.get("output_index")
         if obj.get("type") == "response.output_item.added" and isinstance(oi, int):
@@ -502,7 +435,7 @@ class ResponsesStreamGuard:
         if not self._renumber:
             seq = obj.get("sequence_number")
             self._seq = seq if isinstance(seq, int) else self._seq
-            self._emit_raw(h.raw, out)
+            self._emit(h.raw, out)
             return
         obj = dict(obj)
         if isinstance(oi, int):

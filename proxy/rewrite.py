@@ -47,6 +47,9 @@ class RequestDecision:
 
 #: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.
 NOT_CHAT = "not_chat"
+#: ... for a body nested deeper than the decoders or the guards read (:class:`jsonbody.Unreadable`
+#: says it for the decoders; the guards' walks of call arguments stop at about 500 levels).
+NESTING = "nesting"
 
 
 def decide_request(
@@ -92,7 +95,10 @@ def decide_request(
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
-    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
+    try:
+        actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
+    except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
+        return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     out = dialect.apply(raw, actions, body) if actions else None
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)

@@ -11,7 +11,10 @@ Behaviour at the edge:
   answers to chat completions go through the response side (:mod:`proxy.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
-  at once, so a local model server stops generating.
+  at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
+  watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
+  ``upstream.stream_json_requests`` a non-streaming chat request goes upstream as a stream and
+  its answer is assembled into JSON (:mod:`proxy.as_stream`, :func:`_relay_streamed`).
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
@@ -44,7 +47,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import connections, dialects, forward, relay
+from proxy import as_stream, connections, dialects, forward, relay
 from proxy.config import Config
 from proxy.dialects import openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
@@ -89,10 +92,26 @@ DELIVERED: Any = (
     web.RequestKey("loopguard.delivered", bool) if hasattr(web, "RequestKey") else "loopguard.delivered"
 )
 DONE_MARK = b"[DONE]"
+#: Seconds an answer given before the whole request body came waits for the rest (see start()).
+LINGER_S = 1.0
 
 #: What a request on a kept-alive connection the upstream has just closed fails with, before any
 #: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
+#: Only a reused connection is retried (:func:`_note_reuse`); on a fresh one the upstream got the
+#: request, so the failure is a 502.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+async def _note_reuse(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
+    """aiohttp trace hook: the request is going out on a pooled (kept-alive) connection."""
+    if isinstance(ctx.trace_request_ctx, dict):
+        ctx.trace_request_ctx["reused"] = True
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_note_reuse)
+    return trace
 
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
@@ -287,6 +306,27 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return _body_timeout_response(request, exc.received)
+    except web.HTTPRequestEntityTooLarge:
+        limit = app[CONFIG_KEY].upstream.max_body_mb
+        log.warning(  # the request line's fields, as for any request
+            "request",
+            method=request.method,
+            path=request.path,
+            conversation=None,
+            model=None,
+            stream=None,
+            rewritten=False,
+            actions=[],
+            status=413,
+            too_large=True,
+        )
+        return web.Response(
+            status=413,
+            body=_error_body(
+                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)", "request_too_large", 413
+            ),
+            content_type="application/json",
+        )
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -295,8 +335,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
     elif dialect is not None:
-        st.guarded_requests += 1
         decision = _decide(request, raw, dialect)
+        if decision.unguarded is None:
+            st.guarded_requests += 1  # read by the guards (unreadable ones count under unguarded)
         if decision.changed:
             st.rewritten_requests += 1
         st.record_actions(decision.actions)
@@ -305,6 +346,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
     url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
     headers = forward.filter_headers(request.headers.items(), forward.REQUEST_DROP)
+    streamed = _as_stream(request, decision)
     fields = {
         "method": request.method,
         "path": request.path,
@@ -324,8 +366,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     t_send = time.perf_counter()
     fields["added_ms"] = round((t_send - t_start) * 1000, 3)
     app[METRICS_KEY].observe_added(t_send - t_start)
+    if streamed is not None:
+        fields["as_stream"] = True
     try:
-        return await _forward(request, url, headers, decision.body, fields, t_send, decision)
+        return await _forward(request, url, headers, decision.body, fields, t_send, decision, streamed)
     except asyncio.CancelledError:
         if app[SHUTDOWN_KEY].is_set() and not request.get(DELIVERED):
             fields["shutdown"] = True  # ended by the shutdown after the grace period
@@ -333,8 +377,26 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             fields["disconnected"] = True  # the agent went away; the upstream request is closed
         raise
     finally:
+        if "disconnected" in fields:
+            st.disconnects += 1
         failed = "upstream_error" in fields or "disconnected" in fields or "shutdown" in fields
         (log.warning if failed else log.info)("request", **fields)
+
+
+def _as_stream(request: web.Request, decision: RequestDecision) -> bytes | None:
+    """The body to send upstream as a stream (``upstream.stream_json_requests``,
+    :mod:`proxy.as_stream`), or None to send ``decision.body`` as it is. Fails open."""
+    app = request.app
+    if not app[CONFIG_KEY].upstream.stream_json_requests or _guarded(request) != "chat":
+        return None
+    if "content-encoding" in request.headers:
+        return None
+    try:
+        return as_stream.stream_request(decision.body, parsed=decision.transcript is not None)
+    except Exception as exc:  # fail open: the request goes as the agent sent it
+        app[STATS_KEY].internal_errors += 1
+        log.error("as_stream_error", error=type(exc).__name__, path=request.path)
+        return None
 
 
 async def _forward(
@@ -345,31 +407,45 @@ async def _forward(
     fields: dict[str, Any],
     t_send: float,
     decision: RequestDecision | None = None,
+    streamed: bytes | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the response; fills ``fields`` for the log line.
-    Answers to chat completions go through the response side (:mod:`proxy.relay`)."""
+    Answers to chat completions go through the response side (:mod:`proxy.relay`).
+    ``streamed``: the body as a stream request (``upstream.stream_json_requests``), sent instead
+    of ``body``; its answer is assembled into JSON, and ``body`` is sent once more when the
+    upstream refuses the stream or sends an empty one (:func:`_relay_streamed`)."""
     app = request.app
     st = app[STATS_KEY]
     base, auth = app[UPSTREAM_KEY]
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
+    sent_headers = headers
+    if streamed is not None:  # an event stream loopguard must read: not compressed
+        sent_headers = headers.copy()
+        sent_headers.popall("Accept-Encoding", None)
+
+    attempt: dict[str, bool] = {}
 
     async def send() -> aiohttp.ClientResponse:
+        attempt["reused"] = False  # set by _note_reuse when the pool hands out a kept-alive connection
         return await app[SESSION_KEY].request(
             request.method,
             url,
-            headers=headers,
-            data=body if body or request.can_read_body else None,
+            headers=sent_headers,
+            data=(streamed if streamed is not None else body) if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
+            trace_request_ctx=attempt,
         )
 
     try:
         try:
             upstream = await send()
         except STALE_CONNECTION as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError):
-                raise  # no connection at all: nothing stale to retry
+            if isinstance(exc, aiohttp.ClientConnectorError) or not attempt["reused"]:
+                # no connection at all, or a fresh one the upstream read the request on and then
+                # dropped: sending it again could run a generation twice
+                raise
             # a kept-alive connection the upstream closed at its idle timeout as the request went
             # out: once more, on a fresh connection (issue 14, item 10)
             fields["retried"] = True
@@ -399,6 +475,14 @@ async def _forward(
     except Exception as exc:  # fail open: relay the answer as is
         relay.failed(st, "plan", exc)
     try:
+        if streamed is not None and (relay.readable_stream(upstream) or 400 <= upstream.status < 500):
+            answer = await _relay_streamed(request, upstream, side, fields)
+            if answer is not None:
+                return answer
+            # the upstream refused the stream, or sent none: the request once more, as it came
+            app[INFLIGHT_KEY].discard(upstream)
+            upstream.close()
+            return await _forward(request, url, headers, body, fields, t_send, decision)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
         try:
@@ -449,13 +533,16 @@ async def _forward(
             st.upstream_errors += 1
             fields["upstream_error"] = type(exc).__name__
             if upstream.content_type == "text/event-stream":
+                stalled = isinstance(exc, READ_TIMEOUT)
                 with contextlib.suppress(Exception):
                     await response.write(
                         _error_event(
                             request,
-                            "loopguard: upstream closed the stream before it finished",
-                            "upstream_disconnected",
-                            502,
+                            "loopguard: upstream sent nothing for longer than upstream.read_timeout_s"
+                            if stalled
+                            else "loopguard: upstream closed the stream before it finished",
+                            "upstream_timeout" if stalled else "upstream_disconnected",
+                            504 if stalled else 502,
                         )
                     )
             # Close without the terminating chunk: the agent must not mistake this for success.
@@ -470,6 +557,95 @@ async def _forward(
             conversation = decision.conversation if decision is not None else ""
             chain = decision.chain if decision is not None else None
             relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields, chain)
+
+
+#: Upstream response headers that describe an event stream, not the JSON answer made of it.
+_STREAM_HEADERS = ("Content-Type", "Content-Length", "X-Accel-Buffering")
+
+
+async def _relay_streamed(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    side: relay.ResponseSide | None,
+    fields: dict[str, Any],
+) -> web.StreamResponse | None:
+    """The agent's answer to a request sent upstream as a stream (``upstream.stream_json_requests``):
+    a 200 event stream assembled into one ``chat.completion`` (:func:`proxy.relay.relay_as_json`),
+    a 4xx passed through as it came, or None when the original request is to be sent once more
+    (an empty event stream, or a 4xx that refuses the stream itself: ``stream_fallback``)."""
+    app = request.app
+    st = app[STATS_KEY]
+    base = app[UPSTREAM_KEY][0]
+    headers = forward.filter_headers(upstream.headers.items())
+    if not relay.readable_stream(upstream):  # a 4xx: small; read it to see what it refuses
+        return await _refused(request, upstream, fields)
+    assembly, error = await relay.relay_as_json(upstream, side, st)
+    if assembly.empty and not isinstance(error, asyncio.TimeoutError) and not app[SHUTDOWN_KEY].is_set():
+        fields["stream_fallback"] = "empty_stream"
+        return None
+    answer = assembly.answer()
+    if answer is None:
+        if isinstance(error, asyncio.TimeoutError):
+            return _timeout_response(base, fields, st)
+        if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
+            fields.update(shutdown=True, status=503)
+            return web.Response(
+                status=503,
+                body=_error_body("loopguard is shutting down", "proxy_shutdown", 503),
+                content_type="application/json",
+            )
+        st.upstream_errors += 1
+        fields.update(status=502, upstream_error=type(error).__name__ if error else "IncompleteStream")
+        return web.Response(
+            status=502,
+            body=_error_body(
+                "loopguard: upstream closed the stream before it finished", "upstream_disconnected", 502
+            ),
+            content_type="application/json",
+        )
+    status, body = answer
+    fields["status"] = status
+    for name in _STREAM_HEADERS:
+        headers.popall(name, None)
+    headers["Content-Type"] = "application/json"
+    return web.Response(status=status, body=body, headers=headers)
+
+
+async def _refused(
+    request: web.Request, upstream: aiohttp.ClientResponse, fields: dict[str, Any]
+) -> web.StreamResponse | None:
+    """A 4xx answer to a request sent as a stream: None when it refuses the stream itself
+    (:func:`proxy.as_stream.stream_rejected`), else passed through as it came."""
+    app = request.app
+    raw = bytearray()
+    try:
+        while len(raw) <= 65536:
+            chunk = await upstream.content.read(65537 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, asyncio.TimeoutError):
+            return _timeout_response(app[UPSTREAM_KEY][0], fields, app[STATS_KEY])
+    else:
+        if upstream.content.at_eof() and as_stream.stream_rejected(upstream.status, bytes(raw)):
+            fields["stream_fallback"] = "rejected"
+            return None
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.extend(forward.filter_headers(upstream.headers.items()))
+    await response.prepare(request)
+    await response.write(bytes(raw))
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        app[STATS_KEY].upstream_errors += 1
+        fields["upstream_error"] = type(exc).__name__
+        if request.transport is not None:
+            request.transport.close()  # not the whole body: the agent must not take it as one
+        return response
+    await response.write_eof()
+    return response
 
 
 async def _incident_log(app: web.Application) -> AsyncIterator[None]:
@@ -490,6 +666,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
+        trace_configs=[_trace_config()],
     )
     yield
     await app[SESSION_KEY].close()
@@ -531,6 +708,10 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
         shutdown_timeout=cfg.listen.shutdown_grace_s,
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
+        # an answer sent before the whole body came (a 408 after a stalled body, a 413) drains
+        # the rest for at most this long before closing (aiohttp's default is 10 s, a connection
+        # slot held that long; without draining, a reset could destroy the answer)
+        lingering_time=LINGER_S,
     )
     await runner.setup()
     assert runner.server is not None

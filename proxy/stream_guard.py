@@ -50,6 +50,7 @@ DONE = b"data: [DONE]\n\n"
 #: the stream unread (issue 14, item 7: an unterminated 200 MiB event is not buffered whole).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 _BASE_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
+_SCALARS = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,44 +97,34 @@ def _meaningful(part: dict[str, Any]) -> bool:
     return any(part.get(k) is not None for k in ("finish_reason", "logprobs"))
 
 
-class StreamGuard:
-    """One streamed response. ``actions``: the fresh response-side actions taken so far."""
+class FramedGuard:
+    """What every streamed answer's guard shares (chat completions here, the Responses API in
+    :mod:`proxy.responses_answer`): the SSE framing, the three states (``inspect``; ``pass``:
+    plain passthrough; ``done``: aborted), the byte accounting for fail-open, :meth:`feed` and
+    :meth:`release`. A subclass reads events in ``_event(ev, out)``, lets go of what it holds in
+    ``_give_up(out)`` and decides what is still open at the end of the stream in
+    ``_end_of_stream(out)``; all three write to ``out`` through :meth:`_emit` (or count what they
+    replace in ``settled`` themselves)."""
 
-    __slots__ = (
-        "_base",
-        "_cfg",
-        "_choices",
-        "_framer",
-        "_held",
-        "_judge",
-        "_state",
-        "actions",
-        "complete",
-        "received",
-        "settled",
-    )
+    __slots__ = ("_cfg", "_framer", "_judge", "_state", "actions", "complete", "received", "settled")
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         self._cfg = cfg
         self._judge = judge
         self._framer = SSEFramer()
-        self._held: list[_Held] = []
-        self._choices: dict[int, _Choice] = {}
-        self._base: dict[str, Any] | None = None
         self._state = "inspect"  # | "pass" (plain passthrough) | "done" (aborted)
+        #: the fresh response-side actions taken so far
         self.actions: list[Action] = []
         self.received = 0
         self.settled = 0
-        #: the stream said how it ended: ``[DONE]``, a ``finish_reason``, an event the guard does
-        #: not read (``{"error": …}``, from then on it only relays), or the guard's own cut. False
-        #: at the end of the upstream's body means the answer stopped short (issue 14, item 11).
+        #: the stream said how it ended (its terminal event, an event the guard does not read,
+        #: from then on it only relays, or the guard's own cut). False at the end of the upstream's
+        #: body means the answer stopped short (issue 14, item 11).
         self.complete = False
 
     @property
     def aborted(self) -> bool:
         return self._state == "done"
-
-    # --- input ------------------------------------------------------------------------------------
 
     def feed(self, chunk: bytes) -> Output:
         """Bytes from the upstream; returns what the agent gets now."""
@@ -166,7 +157,7 @@ class StreamGuard:
             return b""
         out = bytearray()
         if self._state == "inspect":
-            self._end_all(out)
+            self._end_of_stream(out)
         self._emit(self._framer.finish(), out)
         self._state = "pass"
         return bytes(out)
@@ -178,6 +169,31 @@ class StreamGuard:
             self._give_up(out)
             self._emit(self._framer.finish(), out)
         return bytes(out)
+
+    def _emit(self, raw: bytes, out: bytearray) -> None:
+        out += raw
+        self.settled += len(raw)
+
+    def _event(self, ev: SSEEvent, out: bytearray) -> None:
+        raise NotImplementedError
+
+    def _give_up(self, out: bytearray) -> None:
+        raise NotImplementedError
+
+    def _end_of_stream(self, out: bytearray) -> None:
+        raise NotImplementedError
+
+
+class StreamGuard(FramedGuard):
+    """One streamed chat completion."""
+
+    __slots__ = ("_base", "_choices", "_held")
+
+    def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
+        super().__init__(cfg, judge)
+        self._held: list[_Held] = []
+        self._choices: dict[int, _Choice] = {}
+        self._base: dict[str, Any] | None = None
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -200,7 +216,10 @@ class StreamGuard:
             self._emit(ev.raw, out)
             return
         if self._base is None:
-            self._base = {k: obj[k] for k in _BASE_FIELDS if k in obj} | {"object": "chat.completion.chunk"}
+            # copied into every chunk the guard writes: scalars only (a value no writer takes, one
+            # nested ~1,000 levels deep, would break them all)
+            base = {k: obj[k] for k in _BASE_FIELDS if k in obj and isinstance(obj[k], _SCALARS)}
+            self._base = base | {"object": "chat.completion.chunk"}
         calls: set[int] = set()
         finished: set[int] = set()
         cut: Cut | None = None
@@ -304,6 +323,9 @@ class StreamGuard:
             ch.finish_reason = finish
             ch.insert = [self._call_chunk(ci, k, c) for k, c in enumerate(kept)]
 
+    def _end_of_stream(self, out: bytearray) -> None:
+        self._end_all(out)
+
     def _end_all(self, out: bytearray) -> None:
         """``[DONE]`` or the end of the stream: decide every open choice, release, and finish the
         replaced choices that never sent a ``finish_reason``."""
@@ -348,10 +370,6 @@ class StreamGuard:
         self._state = "pass"
 
     # --- output -----------------------------------------------------------------------------------
-
-    def _emit(self, raw: bytes, out: bytearray) -> None:
-        out += raw
-        self.settled += len(raw)
 
     def _hold_or_emit(self, held: _Held, out: bytearray) -> None:
         if self._held or held.call_choices:

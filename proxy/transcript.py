@@ -98,3 +98,27 @@ class Transcript:
     def is_fresh(self, step: int) -> bool:
         """True when actions on ``step`` are new decisions rather than re-derived ones."""
         return self.newest_step is not None and step == self.newest_step
+
+
+def build(
+    calls: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    users: list[int],
+    texts: list[int],
+    message_count: int,
+    ends_with_step: bool,
+    said: list[Said],
+) -> Transcript:
+    """A :class:`Transcript` from a dialect's parse state: ``calls`` as :class:`ToolCall` fields,
+    ``steps`` as dicts with ``index``, ``position``, ``calls`` (seqs) and ``end``. The newest step is
+    the last one when ``ends_with_step`` (nothing but its results follows it)."""
+    newest = steps[-1]["index"] if steps and ends_with_step else None
+    return Transcript(
+        calls=tuple(ToolCall(**c) for c in calls),
+        steps=tuple(Step(s["index"], s["position"], tuple(s["calls"]), s["end"]) for s in steps),
+        user_positions=tuple(users),
+        assistant_text_positions=tuple(texts),
+        message_count=message_count,
+        newest_step=newest,
+        said=tuple(said),
+    )

@@ -29,7 +29,14 @@ Calls are numbered in conversation order from 1, counting every call of every as
 The rule behind an observation is read from ``GET /loop-guard`` (``per_rule``: fresh actions) — a
 name for the table, never part of a verdict.
 
-Run ``python -m tests.corpus [--stream] [--config FILE]`` to print the gate table.
+The same replay runs in the Responses dialect (``dialect="responses"``, :class:`ResponsesWire`):
+the fixture converted to input items posted to ``/v1/responses``, each answer a ``response``
+object or its SSE events, and what reached the upstream read back as chat messages, so that the
+reading above and the call numbers are the same; :func:`compare` lists the fixtures on which the
+proxy acted differently in the two forms (issue 11).
+
+Run ``python -m tests.corpus [--stream] [--config FILE] [--dialect responses | --compare]`` to
+print the gate table (or the differences between the two dialects).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from aiohttp import web
 from proxy.config import Config, ListenConfig, build
 from proxy.observe import configure_logging
 from proxy.server import start
+from tests import responses_items
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURES = ROOT / "tests" / "fixtures" / "loops"
@@ -133,6 +141,8 @@ class Replay:
     #: ``internal_errors`` of ``GET /loop-guard`` after the replay: the times the proxy failed open
     #: (a replay with any is no evidence of what the guards would do).
     internal_errors: int = 0
+    #: The wire it was replayed in (:data:`WIRES`).
+    dialect: str = "chat"
 
     @property
     def first(self) -> Observation | None:
@@ -210,8 +220,8 @@ def sse_body(message: dict[str, Any]) -> list[bytes]:
 
     calls = message.get("tool_calls") or []
     out = [chunk({"role": "assistant", "content": None if calls else ""})]
-    content = message.get("content")
-    if isinstance(content, str) and content:
+    content = _text(message.get("content"))  # text parts are streamed as their text
+    if content:
         for i in range(0, len(content), 16):
             out.append(chunk({"content": content[i : i + 16]}))
     for idx, tc in enumerate(calls):
@@ -242,10 +252,12 @@ def sse_body(message: dict[str, Any]) -> list[bytes]:
 
 
 class FakeModel:
-    """Answers every chat request with ``answer`` (set before each request); records bodies."""
+    """Answers every request with ``answer`` (a chat message, set before each request), or with
+    ``reply`` when set (the body as bytes for a JSON answer, the events for SSE); records bodies."""
 
     def __init__(self) -> None:
         self.answer: dict[str, Any] = {}
+        self.reply: bytes | list[bytes] | None = None
         self.received: list[dict[str, Any]] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -253,14 +265,16 @@ class FakeModel:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.received.append(body)
+        reply = self.reply
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for ev in sse_body(self.answer):
+            for ev in reply if isinstance(reply, list) else sse_body(self.answer):
                 await resp.write(ev)
             await resp.write_eof()
             return resp
-        return web.Response(body=orjson.dumps(completion_body(self.answer)), content_type="application/json")
+        out = reply if isinstance(reply, bytes) else orjson.dumps(completion_body(self.answer))
+        return web.Response(body=out, content_type="application/json")
 
     async def __aenter__(self) -> FakeModel:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -403,7 +417,7 @@ def _same_message(a: dict[str, Any], m: dict[str, Any]) -> bool:
         return False
     if {k: v for k, v in a.items() if k != "content"} != {k: v for k, v in m.items() if k != "content"}:
         return False
-    if m.get("role") == "tool":
+    if m.get("role") in ("tool", "function"):  # a result (a legacy function message has no id)
         return a.get("tool_call_id") == m.get("tool_call_id")
     before = _text(m.get("content"))
     return bool(before) and _text(a.get("content")).startswith(before)
@@ -438,6 +452,76 @@ def received_calls(raw: bytes, stream: bool) -> tuple[list[str | None], str]:
     return [calls[i] for i in sorted(calls)], "".join(text)
 
 
+# --- the wires: how a fixture is sent, answered and read back, per dialect ----------------------
+
+
+class ChatWire:
+    """Chat completions: the fixture's messages as they are."""
+
+    name = "chat"
+    path = "/v1/chat/completions"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        self.messages: list[dict[str, Any]] = fixture["messages"]
+        self.tools = fixture.get("tools")
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        """The agent's request before assistant message ``i``."""
+        body: dict[str, Any] = {"model": "corpus-model", "messages": self.messages[:i], "stream": stream}
+        if self.tools:
+            body["tools"] = self.tools
+        return body
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        """The upstream's answer ``message`` (assistant message ``i``, or the final answer)."""
+        return sse_body(message) if stream else orjson.dumps(completion_body(message))
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """What reached the upstream for request ``i``, as chat messages."""
+        return body.get("messages") or []
+
+    def received(self, raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+        """The call ids and the text the agent received."""
+        return received_calls(raw, stream)
+
+
+class ResponsesWire(ChatWire):
+    """The Responses API (``POST /v1/responses``): the fixture converted to input items
+    (:func:`tests.responses_items.trace_items`), each answer a ``response`` object or its SSE
+    events (function_call items after a message item for the text), and what reached the upstream
+    read back as chat messages (:func:`tests.responses_items.back_to_messages`), so that the call
+    numbers and the reading are the chat replay's."""
+
+    name = "responses"
+    path = "/v1/responses"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.traced = responses_items.trace_items(self.messages)
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        body = self.traced.body(i, model="corpus-model", stream=stream)
+        if self.tools:
+            body["tools"] = responses_items.chat_tools(self.tools)
+        return body
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        items = self.traced.of(i) if i < len(self.messages) else responses_items.trace_items([message]).items
+        if stream:
+            return responses_items.response_events(*responses_items.answer_output(items))
+        return orjson.dumps(responses_items.answer_object(items))
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return responses_items.back_to_messages(self.messages, self.traced, i, body)
+
+    def received(self, raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+        return responses_items.received_output(raw, stream)
+
+
+#: The dialects a fixture can be replayed in.
+WIRES: dict[str, type[ChatWire]] = {"chat": ChatWire, "responses": ResponsesWire}
+
+
 # --- the replay -----------------------------------------------------------------------------------
 
 
@@ -467,15 +551,16 @@ def _rules_for(kind: str, delta: Counter[tuple[str, str]]) -> tuple[str, ...]:
 
 
 async def replay(
-    fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False
+    fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False, dialect: str = "chat"
 ) -> Replay:
     """Replay ``fixture`` through a fresh proxy with ``config`` (a dict; None = the shipped default
-    file). Returns every distinct observation and reminder text."""
+    file), in ``dialect`` (:data:`WIRES`: ``chat`` or ``responses``). Returns every distinct
+    observation and reminder text."""
     cfg = build(Config, default_config() if config is None else config)
     messages: list[dict[str, Any]] = fixture["messages"]
-    tools = fixture.get("tools")
+    wire = WIRES[dialect](fixture)
     by_id, per_message = call_numbers(messages)
-    result = Replay(fixture, stream)
+    result = Replay(fixture, stream, dialect=dialect)
     seen: set[tuple[str, int]] = set()
     seen_texts: set[tuple[int, str]] = set()
     async with FakeModel() as model:
@@ -496,36 +581,29 @@ async def replay(
                 answers.append((len(messages), FINAL_ANSWER))
                 per_message.append([])
 
-                async def post(body: dict[str, Any], answer: dict[str, Any]) -> bytes:
-                    """Send ``body`` as the agent; the fake model answers ``answer``."""
-                    model.answer = answer
+                async def post(i: int, answer: dict[str, Any]) -> bytes:
+                    """Send request ``i`` as the agent; the fake model answers ``answer``."""
+                    model.reply = wire.answer(i, answer, stream)
                     model.received.clear()
                     async with session.post(
-                        f"{proxy_url}/v1/chat/completions",
-                        data=orjson.dumps(body),
+                        f"{proxy_url}{wire.path}",
+                        data=orjson.dumps(wire.request(i, stream)),
                         headers={"Content-Type": "application/json"},
                     ) as resp:
                         return await resp.read()
 
                 for i, msg in answers:
-                    body: dict[str, Any] = {
-                        "model": "corpus-model",
-                        "messages": messages[:i],
-                        "stream": stream,
-                    }
-                    if tools:
-                        body["tools"] = tools
-                    raw = await post(body, msg)
+                    raw = await post(i, msg)
                     result.requests += 1
                     found: list[tuple[str, int, str]] = []
                     texts: list[tuple[str, int, int]] = []  # (reminder text, call, upto)
                     if model.received:
-                        arrived = model.received[0].get("messages") or []
+                        arrived = wire.arrived(i, model.received[0])
                         for c in request_changes(messages[:i], arrived, by_id, per_message):
                             found.append((c.kind, c.call, "request"))
                             if c.kind == "remind":
                                 texts += [(t, c.call, c.upto) for t in split_reminders(c.text)]
-                    ids, text = received_calls(raw, stream)
+                    ids, text = wire.received(raw, stream)
                     nums = per_message[i]
                     if len(ids) < len(nums):
                         found.append(("stop" if not ids else "cut", nums[len(ids)], "response"))
@@ -559,28 +637,59 @@ async def replay(
 
 
 async def replay_all(
-    config: dict[str, Any] | None = None, stream: bool = False, directory: Path | None = None
+    config: dict[str, Any] | None = None,
+    stream: bool = False,
+    directory: Path | None = None,
+    dialect: str = "chat",
 ) -> list[Replay]:
-    return [await replay(fx, config, stream) for fx in load_fixtures(directory)]
+    return [await replay(fx, config, stream, dialect) for fx in load_fixtures(directory)]
+
+
+def row(r: Replay) -> tuple[str, ...]:
+    """A replay's row of the gate table (:func:`table`)."""
+    v = judge(r)
+    first = r.first.describe() if r.first else "none"
+    blocks = ", ".join(o.describe() for o in r.blocking()[:1]) or "-"
+    return (
+        str(r.fixture.get("id")),
+        str(r.fixture.get("kind")),
+        v.expected,
+        first,
+        blocks,
+        "PASS" if v.ok else f"FAIL ({v.reason})",
+    )
+
+
+def outcome(r: Replay) -> str:
+    """Everything a replay saw the proxy do, dialect aside: its table row (first action, first
+    block, verdict), then every action as ``call rules kind``, and any internal error."""
+    acts = "; ".join(o.describe() for o in sorted(r.observations, key=lambda o: (o.call, o.kind, o.message)))
+    errors = f" | {r.internal_errors} internal errors" if r.internal_errors else ""
+    return f"{' | '.join(row(r)[2:])} | all: {acts or 'none'}{errors}"
+
+
+def compare(these: Sequence[Replay], those: Sequence[Replay]) -> list[str]:
+    """Where two replays of the same fixtures (two dialects, say) differ, fixture by fixture: one
+    entry per fixture whose :func:`outcome` differs (or that only one side replayed), both
+    outcomes in it. Empty when the proxy acted alike in both."""
+    left = {str(r.fixture.get("id")): r for r in these}
+    right = {str(r.fixture.get("id")): r for r in those}
+    out: list[str] = []
+    for fid in sorted(left.keys() | right.keys(), key=_id_key):
+        a, b = left.get(fid), right.get(fid)
+        oa = outcome(a) if a else "not replayed"
+        ob = outcome(b) if b else "not replayed"
+        if oa != ob:
+            na = a.dialect if a else "?"
+            nb = b.dialect if b else "?"
+            out.append(f"{fid}:\n  {na}: {oa}\n  {nb}: {ob}")
+    return out
 
 
 def table(replays: Sequence[Replay]) -> str:
     """The gate table: id, kind, expected, first action (call# + rule + kind), verdict."""
     rows = [("id", "kind", "expected", "first action", "blocks", "verdict")]
-    for r in replays:
-        v = judge(r)
-        first = r.first.describe() if r.first else "none"
-        blocks = ", ".join(o.describe() for o in r.blocking()[:1]) or "-"
-        rows.append(
-            (
-                str(r.fixture.get("id")),
-                str(r.fixture.get("kind")),
-                v.expected,
-                first,
-                blocks,
-                "PASS" if v.ok else f"FAIL ({v.reason})",
-            )
-        )
+    rows += [row(r) for r in replays]
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
@@ -596,11 +705,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--fixtures", help="fixture directory (default: $LOOPGUARD_LOOP_FIXTURES or tests/fixtures/loops)"
     )
+    ap.add_argument(
+        "--dialect", choices=sorted(WIRES), default="chat", help="the wire to replay in (default: chat)"
+    )
+    ap.add_argument(
+        "--compare", action="store_true", help="replay in chat and in Responses form and list the differences"
+    )
     args = ap.parse_args(argv)
     config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {} if args.config else None
     directory = Path(args.fixtures) if args.fixtures else None
     configure_logging("warning")  # the per-request lines would drown the table
-    replays = asyncio.run(replay_all(config, args.stream, directory))
+    if args.compare:
+        chat = asyncio.run(replay_all(config, args.stream, directory, "chat"))
+        responses = asyncio.run(replay_all(config, args.stream, directory, "responses"))
+        print(f"chat:\n{table(chat)}\n\nresponses:\n{table(responses)}\n")
+        differences = compare(chat, responses)
+        print("\n".join(differences) or f"the same in both dialects ({len(chat)} fixtures)")
+        return 1 if differences else 0
+    replays = asyncio.run(replay_all(config, args.stream, directory, args.dialect))
     print(table(replays))
     return 0 if all(judge(r).ok for r in replays) else 1
 

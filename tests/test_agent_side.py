@@ -21,6 +21,7 @@ from proxy.cli import main
 from proxy.config import Config, build
 from proxy.errors import ConfigError
 from proxy.observe import configure_logging
+from proxy.server import LINGER_S
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events
 
 CHAT = "/v1/chat/completions"
@@ -211,8 +212,11 @@ async def test_stalled_body_gets_a_408_and_nothing_goes_upstream(
         }
     )
     assert 0.45 <= elapsed < 2.0, elapsed
-    writer.write_eof()  # the agent gives up too: the proxy closes at once
-    assert await asyncio.wait_for(reader.read(), 2) == b""
+    # the agent sends nothing more: the proxy drains for LINGER_S (1 s; aiohttp's default 10 s
+    # held the connection slot that long), then closes
+    t1 = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - t1 < LINGER_S + 1.0
     writer.close()
     assert upstream.requests == []
     (event,) = await log_events(capfd, "agent_timeout")

@@ -129,3 +129,20 @@ def test_add_reports_started_calls() -> None:
     assert asm.add(fn(0, "a", name="x")) == 1
     assert asm.add(fn(0, arguments="{}")) == 0
     assert asm.add({"tool_calls": [{"index": 1, "id": "b"}, {"index": 2, "id": "c"}]}) == 2
+
+
+def test_a_function_call_mirroring_tool_calls_is_not_a_second_call() -> None:
+    """llama-cpp-python (0.3.x, named tool choice) sends each call twice in one delta: as
+    ``tool_calls`` and as the legacy ``function_call``; that is one call (as a JSON answer reads)."""
+    a = CallAssembler()
+    fn = {"name": "read_file", "arguments": '{"path": "a"}'}
+    started = a.add(
+        {
+            "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": fn}],
+            "function_call": fn,
+        }
+    )
+    assert started == 1
+    assert [(c.id, c.name, c.arguments) for c in a.calls] == [("call_1", "read_file", '{"path": "a"}')]
+    assert a.add({"function_call": {"arguments": "x"}}) == 0
+    assert a.calls[0].arguments == '{"path": "a"}'

@@ -62,6 +62,7 @@ def write(tmp_path: Path, text: str, name: str = "loopguard.yaml") -> Path:
                 "connect_timeout_s": 10.0,
                 "read_timeout_s": 900.0,
                 "max_body_mb": 64,
+                "stream_json_requests": False,
             },
             id="upstream",
         ),

@@ -7,15 +7,22 @@ Nothing is skipped or special-cased: every fixture found is replayed and judged 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tests.corpus import Replay, Verdict, judge, load_fixtures, replay, table
+from tests.corpus import Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
+from tests.responses_items import back_to_messages, trace_items
 
 FIXTURES = load_fixtures()
+#: The default-config replays of :data:`FIXTURES` per (stream, dialect), made once per session.
+_REPLAYS: dict[tuple[bool, str], list[Replay]] = {}
 
 
-async def _all(stream: bool) -> list[Replay]:
-    return [await replay(fx, None, stream) for fx in FIXTURES]
+async def _all(stream: bool, dialect: str = "chat") -> list[Replay]:
+    if (stream, dialect) not in _REPLAYS:
+        _REPLAYS[stream, dialect] = [await replay(fx, None, stream, dialect) for fx in FIXTURES]
+    return _REPLAYS[stream, dialect]
 
 
 def test_fixtures_found() -> None:
@@ -29,6 +36,30 @@ async def test_corpus_gate(stream: bool) -> None:
     print(f"\ncorpus gate ({'sse' if stream else 'json'}), default config:\n{table(replays)}")
     failures = [f"{r.fixture['id']}: {judge(r).reason}" for r in replays if not judge(r).ok]
     assert not failures, "; ".join(failures)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_responses_form_acts_at_the_same_calls_as_chat_form(stream: bool) -> None:
+    """Issue 11: every fixture converted to Responses items and replayed on ``POST /v1/responses``
+    (answers as ``response`` objects / events) gets the same actions at the same calls, by the
+    same rules, as in chat form: the two tables agree row by row, and so does every action."""
+    chat = await _all(stream)
+    responses = await _all(stream, "responses")
+    print(f"\ncorpus gate ({'sse' if stream else 'json'}), Responses form:\n{table(responses)}")
+    differences = compare(chat, responses)
+    assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(
+        differences
+    )
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=[str(fx["id"]) for fx in FIXTURES])
+def test_responses_form_reads_back_as_the_fixture(fx: dict[str, Any]) -> None:
+    """With nothing changed on the way, every request in Responses form reads back as the chat
+    messages it came from (the reading the comparison relies on)."""
+    messages = fx["messages"]
+    traced = trace_items(messages)
+    for i in range(len(messages) + 1):
+        assert back_to_messages(messages, traced, i, traced.body(i)) == messages[:i]
 
 
 def _fixture(steps: list[list[tuple[str, str, str]]], kind: str = "loop") -> dict[str, object]:
@@ -76,12 +107,13 @@ def _with(config: dict[str, object], guard: str, **settings: object) -> dict[str
     return {**config, "guards": guards}
 
 
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool) -> None:
+async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool, dialect: str) -> None:
     """Ten identical calls, one per message: reminders at calls 3, 5, 8 (after their results),
     withholds from call 7, a stop of the 9th call (two withheld results ignored)."""
     fx = _fixture([[("read_file", '{"path": "a"}', "same")]] * 10)
-    r = await replay(fx, SEED, stream)
+    r = await replay(fx, SEED, stream, dialect)
     got = sorted((o.call, o.kind, o.rules) for o in r.observations)
     assert got == [
         (3, "remind", ("repeat_reminder",)),
@@ -96,13 +128,16 @@ async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool) -> 
     ]
 
 
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(stream: bool) -> None:
+async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(
+    stream: bool, dialect: str
+) -> None:
     """Six identical parallel calls in one message: the runaway cut drops call 5 on (the first call
     the agent did not get); the reminders after the step (gentle at 3, detailed at 5) count at call
     6, the step's last call: the agent ran all six before the model read them."""
     fx = _fixture([[("read_file", '{"path": "a"}', "same")] * 6])
-    r = await replay(fx, SEED, stream)
+    r = await replay(fx, SEED, stream, dialect)
     assert [(o.call, o.kind, o.message, o.side, o.rules) for o in r.observations] == [
         (5, "cut", 1, "response", ("runaway",)),
         (6, "remind", 8, "request", ("repeat_reminder",)),
@@ -116,8 +151,11 @@ async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(
     assert judge(in_time) == Verdict(True, "by call 5", "ok")
 
 
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_their_own(stream: bool) -> None:
+async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_their_own(
+    stream: bool, dialect: str
+) -> None:
     """``tool_suffix`` delivery, steps of two calls (read_file, then ls, untracked and exempt) whose
     results come back in reverse order, so the step's last result is read_file's: a reminder
     appended to it counts at the step's last call (ls), a withhold at read_file's own call; the
@@ -129,7 +167,7 @@ async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_thei
     for k, m in enumerate(list(messages)):
         if m["role"] == "assistant":  # type: ignore[index]
             messages[k + 1], messages[k + 2] = messages[k + 2], messages[k + 1]  # type: ignore[index]
-    r = await replay(fx, config, stream)
+    r = await replay(fx, config, stream, dialect)
     assert [(o.call, o.kind, o.rules) for o in r.observations] == [
         (6, "remind", ("repeat_reminder",)),  # read_file's 3rd call is call 5
         (10, "remind", ("repeat_reminder",)),  # its 5th is call 9
@@ -145,26 +183,156 @@ async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_thei
     assert "- consecutive_calls: 8" in r.reminders[2].text
 
 
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_harness_reads_legacy_function_calls(stream: bool) -> None:
+async def test_harness_reads_legacy_function_calls(stream: bool, dialect: str) -> None:
+    """As ten identical tool calls: a withheld ``function`` message is a withhold at its call."""
     messages: list[dict[str, object]] = [{"role": "user", "content": "go"}]
-    for _ in range(5):
+    for _ in range(10):
         fc = {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}
         messages += [
             {"role": "assistant", "content": None, "function_call": fc},
             {"role": "function", "name": "get_weather", "content": "sunny"},
         ]
     fx = {"id": "X2", "kind": "loop", "messages": messages, "expect": {"intervene_by_call": 3}}
-    r = await replay(fx, SEED, stream)
-    assert [(o.call, o.kind) for o in r.observations] == [(3, "remind"), (5, "remind")]
+    r = await replay(fx, SEED, stream, dialect)
+    assert sorted((o.call, o.kind) for o in r.observations) == [
+        (3, "remind"),
+        (5, "remind"),
+        (7, "withhold"),
+        (8, "remind"),
+        (8, "withhold"),
+        (9, "stop"),
+        (9, "withhold"),
+        (10, "stop"),
+        (10, "withhold"),
+    ]
 
 
-async def test_a_degenerate_text_cut_is_a_block_on_a_legit_fixture() -> None:
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
+async def test_a_degenerate_text_cut_is_a_block_on_a_legit_fixture(dialect: str) -> None:
     messages = [
         {"role": "user", "content": "write"},
         {"role": "assistant", "content": "ok " + "la la " * 600},
     ]
     fx = {"id": "X3", "kind": "legit", "messages": messages, "expect": {"no_block": True}}
-    r = await replay(fx, None, True)
+    r = await replay(fx, None, True, dialect)
     assert [(o.call, o.kind, o.rules) for o in r.observations] == [(1, "cut", ("degenerate_text",))]
     assert not judge(r).ok
+
+
+def _every_form(repeats: int = 2) -> dict[str, Any]:
+    """A looping fixture (read_file a, again and again) written in every chat form the Responses
+    converter must carry over: assistant text with a step of two calls whose results come back
+    in reverse order, content parts (user, tool), calls and tool messages without ids, the legacy
+    ``function_call`` / ``function`` pair, arguments as an object."""
+    read = {"name": "read_file", "arguments": '{"path": "a"}'}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]},
+    ]
+    for r in range(repeats):
+        messages += [
+            {
+                "role": "assistant",
+                "content": "Reading it.",
+                "tool_calls": [
+                    {"id": f"a{r}", "type": "function", "function": read},
+                    {"id": f"b{r}", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"b{r}", "content": "a b"},
+            {"role": "tool", "tool_call_id": f"a{r}", "content": [{"type": "text", "text": "same"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "Once more."}],
+                "tool_calls": [
+                    {"type": "function", "function": read},
+                    {"type": "function", "function": {"name": "ls", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "content": "same"},
+            {"role": "tool", "content": "a b"},
+            {"role": "assistant", "content": None, "function_call": read},
+            {"role": "function", "name": "read_file", "content": "same"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{r}",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": {"path": "a"}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"c{r}", "content": "same"},
+        ]
+    return {"id": "X4", "kind": "loop", "messages": messages, "expect": {"intervene_by_call": 3}}
+
+
+def test_every_chat_form_is_converted_to_responses_items() -> None:
+    traced = trace_items(_every_form(1)["messages"])
+    assert traced.instructions == "You are a coding agent."
+    assert [(it["type"], it.get("role") or it.get("call_id")) for it in traced.items] == [
+        ("message", "user"),
+        ("message", "assistant"),  # the text comes before its calls
+        ("function_call", "a0"),
+        ("function_call", "b0"),
+        ("function_call_output", "b0"),
+        ("function_call_output", "a0"),
+        ("message", "assistant"),
+        ("function_call", "lg_call_3"),  # no id: its number in the conversation
+        ("function_call", "lg_call_4"),
+        ("function_call_output", "lg_call_3"),  # no id: the oldest waiting call
+        ("function_call_output", "lg_call_4"),
+        ("function_call", "lg_call_5"),  # legacy function_call
+        ("function_call_output", "lg_call_5"),  # its function message
+        ("function_call", "c0"),
+        ("function_call_output", "c0"),
+    ]
+    assert traced.origin == [1, 2, 2, 2, 3, 4, 5, 5, 5, 6, 7, 8, 9, 10, 11]
+    assert traced.items[0]["content"] == [{"type": "input_text", "text": "fix the bug"}]
+    assert traced.items[5]["output"] == [{"type": "input_text", "text": "same"}]
+    assert traced.items[13]["arguments"] == '{"path": "a"}'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("delivery", ["message", "tool_suffix", "default"])
+async def test_every_chat_form_acts_alike_in_responses_form(stream: bool, delivery: str) -> None:
+    """The fixture of every chat form replayed in both dialects: the same actions at the same
+    calls (reminders, withholds, stops), with the seed guards (reminders as messages or appended
+    to results) and with the shipped default config."""
+    config: dict[str, Any] | None = None
+    if delivery != "default":
+        config = _with(
+            SEED, "repeat_reminder", exclude=["ls"], inject_as="user" if delivery == "message" else delivery
+        )
+        config = _with(config, "circuit_breaker", exempt=["ls"])
+    fx = _every_form(3)
+    chat = await replay(fx, config, stream)
+    responses = await replay(fx, config, stream, "responses")
+    assert {o.kind for o in chat.observations} >= ({"remind", "withhold", "stop"} if config else {"remind"})
+    assert not compare([chat], [responses])
+    assert [(m.call, m.upto, m.text) for m in responses.reminders] == [
+        (m.call, m.upto, m.text) for m in chat.reminders
+    ]
+
+
+def test_compare_lists_each_fixture_that_differs_with_both_outcomes() -> None:
+    fx = {"id": "X5", "kind": "loop", "messages": [], "expect": {"intervene_by_call": 3}}
+    other = {**fx, "id": "X6"}
+    remind = Observation("remind", 3, 4, "request", ("repeat_reminder",))
+    late = Observation("remind", 5, 8, "request", ("repeat_reminder",))
+    chat = [Replay(fx, False, [remind]), Replay(other, False, [remind])]
+    responses = [
+        Replay(fx, False, [late], dialect="responses"),
+        Replay(other, False, [remind], dialect="responses"),
+    ]
+    assert compare(chat, responses) == [
+        "X5:\n"
+        "  chat: by call 3 | call 3 repeat_reminder remind | - | PASS | all: call 3 repeat_reminder remind\n"
+        "  responses: by call 3 | call 5 repeat_reminder remind | - | FAIL (late (call 5)) | all: call 5"
+        " repeat_reminder remind"
+    ]
+    assert compare(chat, chat) == []

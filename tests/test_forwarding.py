@@ -396,6 +396,13 @@ async def test_body_over_max_body_mb_gets_413(upstream: FakeUpstream, make_proxy
     big = body_of([{"role": "user", "content": "x" * (1024 * 1024 + 10)}])
     async with agent.post(base + CHAT, data=big) as r:
         assert r.status == 413
+        assert orjson.loads(await r.read()) == {
+            "error": {
+                "message": "loopguard: request body over 1 MiB (upstream.max_body_mb)",
+                "type": "request_too_large",
+                "code": 413,
+            }
+        }
     assert upstream.requests == []
     # Just under the limit still goes through.
     ok = body_of([{"role": "user", "content": "x" * (1024 * 1024 - 100)}])
@@ -751,7 +758,8 @@ async def test_stats_counts_after_scripted_sequence(upstream: FakeUpstream, make
         assert r.status == 200
         snap = await r.json()
     assert snap["requests"] == 7
-    assert snap["guarded_requests"] == 6
+    assert snap["guarded_requests"] == 5  # "not json" counts under unguarded
+    assert snap["unguarded"] == {"not_json": 1}
     assert snap["rewritten_requests"] == 3  # n = 3 (fresh), 4 (re-derived), 5 (fresh)
     assert snap["reminders_injected"] == 2
     assert snap["results_withheld"] == 0
@@ -991,7 +999,9 @@ async def test_a_stalled_stream_ends_with_the_error_event(upstream: FakeUpstream
     base = await make_proxy(STALL)
     got = await broken_stream(agent, base)
     assert got.startswith(b"".join(events))
-    assert orjson.loads(got[len(b"".join(events)) :].removeprefix(b"data: "))["error"]["message"]
+    error = orjson.loads(got[len(b"".join(events)) :].removeprefix(b"data: "))["error"]
+    assert (error["type"], error["code"]) == ("upstream_timeout", 504)
+    assert error["message"] == "loopguard: upstream sent nothing for longer than upstream.read_timeout_s"
 
 
 def test_the_default_read_timeout_ends_every_stall() -> None:

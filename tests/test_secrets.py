@@ -509,7 +509,9 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
     # at debug level to its logger, where nothing passes: internet noise, TLS on a plain port)
     assert events["bad_request"] == len(malformed_requests()) - 1, events
     requests = [x for x in lines if x["event"] == "request"]
-    assert len(requests) == len(upstream.requests)  # one per forwarded request
+    too_large = [x for x in requests if x.get("status") == 413]
+    assert len(too_large) == 1  # the 413 is logged too, and never forwarded
+    assert len(requests) - len(too_large) == len(upstream.requests)  # one per forwarded request
     rules = Counter((a["rule"], a["kind"]) for x in requests for a in x["actions"])
     for rule, kind in [
         ("repeat_reminder", "remind"),

@@ -44,7 +44,12 @@ class Wire:
 
 
 def _kind(raw: bytes, fields: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
-    return {k: json.loads(raw[fields[k][0] : fields[k][1]]) for k in ("type", "role") if k in fields}
+    """The item's ``type`` and ``role`` when they are strings (anything else is no kind)."""
+    return {
+        k: json.loads(raw[fields[k][0] : fields[k][1]])
+        for k in ("type", "role")
+        if k in fields and raw[fields[k][0] : fields[k][0] + 1] == b'"'
+    }
 
 
 def _replace(fields: Mapping[str, tuple[int, int]], start: int, member: str, text: str) -> Edit:

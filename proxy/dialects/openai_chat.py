@@ -22,7 +22,7 @@ from proxy.actions import Action
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits
 from proxy.errors import DialectError
-from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript
+from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/chat/completions"
 
@@ -131,16 +131,7 @@ def parse_request(body: Any) -> Transcript:
         else:
             last_kind = "other"
 
-    newest = steps[-1]["index"] if steps and last_kind == "step" else None
-    return Transcript(
-        calls=tuple(ToolCall(**c) for c in calls),
-        steps=tuple(Step(s["index"], s["position"], tuple(s["calls"]), s["end"]) for s in steps),
-        user_positions=tuple(users),
-        assistant_text_positions=tuple(texts),
-        message_count=len(messages),
-        newest_step=newest,
-        said=tuple(said),
-    )
+    return build(calls, steps, users, texts, len(messages), last_kind == "step", said)
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).

@@ -40,7 +40,7 @@ from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits
 from proxy.errors import DialectError
-from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript
+from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/responses"
 CALL_TYPES = frozenset(("function_call", "custom_tool_call"))
@@ -163,16 +163,7 @@ def parse_request(body: Any) -> Transcript:
         else:
             last_kind = "other"
 
-    newest = steps[-1]["index"] if steps and last_kind == "step" else None
-    return Transcript(
-        calls=tuple(ToolCall(**c) for c in calls),
-        steps=tuple(Step(s["index"], s["position"], tuple(s["calls"]), s["end"]) for s in steps),
-        user_positions=tuple(users),
-        assistant_text_positions=tuple(texts),
-        message_count=len(items),
-        newest_step=newest,
-        said=tuple(said),
-    )
+    return build(calls, steps, users, texts, len(items), last_kind == "step", said)
 
 
 def _result_member(kind: edits.Kind) -> str:
