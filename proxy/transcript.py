@@ -19,7 +19,7 @@ class ToolResult:
     ``position``: message index of the tool message. ``text``: its content as text (a string, the
     text parts of an array joined by newlines, ``""`` for null). ``is_error``: the protocol's error
     flag where the dialect has one, else None. ``pending``: a placeholder for a result that has not
-    arrived (the response side's look-ahead, :func:`proxy.response.with_pending_step`); progress-aware
+    arrived (the response side's look-ahead, :func:`proxy.response.decide.with_pending_step`); progress-aware
     rules judge such a call by the previous pair (:mod:`proxy.progress`).
     """
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.server import start
+from proxy.edge.server import start
 from tests.fakes import FakeUpstream, Recorded, looping_handler
 from tests.proxy_server import proxy_config
 

@@ -57,9 +57,9 @@ import orjson
 import yaml
 from aiohttp import web
 
-from proxy.config import Config, ListenConfig, build
-from proxy.observe import configure_logging
-from proxy.server import start
+from proxy.edge.server import start
+from proxy.ops.config import Config, ListenConfig, build
+from proxy.ops.observe import configure_logging
 from tests import responses_items
 
 ROOT = Path(__file__).resolve().parent.parent

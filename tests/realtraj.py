@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.observe import configure_logging
+from proxy.ops.observe import configure_logging
 from tests.corpus import ROOT, Replay, replay
 from tests.reminder_facts import check_reminder
 

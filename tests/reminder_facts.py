@@ -18,7 +18,7 @@ What the claims are checked against:
 - "the same result" is :func:`proxy.progress.same_text` with :data:`proxy.volatile.DEFAULT_MASKS`
   (volatile spans masked); a call without a result never has the same result;
 - a result "failed" when the default :class:`proxy.failures.FailureRule` says so (no protocol error
-  flag), and "was rejected by the user" when a :data:`proxy.config.DEFAULT_REJECTION_PATTERNS`
+  flag), and "was rejected by the user" when a :data:`proxy.ops.config.DEFAULT_REJECTION_PATTERNS`
   pattern is found at its edges (:func:`proxy.failures.edge_text`);
 - "this turn" is the calls after the history's last user message (a harness's messages count);
 - what a call is "on" is its :class:`proxy.targets.TargetRule` target (a path without its leading
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.config import DEFAULT_IGNORE_ARGS, DEFAULT_REJECTION_PATTERNS, EchoLoopConfig
 from proxy.effects import EffectRule
 from proxy.failures import FailureRule, edge_text
+from proxy.ops.config import DEFAULT_IGNORE_ARGS, DEFAULT_REJECTION_PATTERNS, EchoLoopConfig
 from proxy.progress import same_text
 from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolResult

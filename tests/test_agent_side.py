@@ -1,4 +1,4 @@
-"""The agent side (issue 14, items 1 and 9; :mod:`proxy.connections`): header and body timeouts,
+"""The agent side (issue 14, items 1 and 9; :mod:`proxy.edge.connections`): header and body timeouts,
 the connection limit, half-closed requests. Raw sockets against the real loopguard server in
 front of the fake upstream, so what is asserted is what goes over the wire."""
 
@@ -16,12 +16,12 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from proxy import connections
-from proxy.cli import main
-from proxy.config import Config, build
+from proxy.edge import connections
+from proxy.edge.server import LINGER_S
 from proxy.errors import ConfigError
-from proxy.observe import configure_logging
-from proxy.server import LINGER_S
+from proxy.ops.cli import main
+from proxy.ops.config import Config, build
+from proxy.ops.observe import configure_logging
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events
 
 CHAT = "/v1/chat/completions"
@@ -463,7 +463,7 @@ async def test_eof_in_the_middle_of_a_body_drops_the_request_at_once(
 
 
 async def test_aiohttp_internals_we_rely_on() -> None:
-    """What :mod:`proxy.connections` reads beyond aiohttp's public API is still there and still
+    """What :mod:`proxy.edge.connections` reads beyond aiohttp's public API is still there and still
     means the same: fails on an aiohttp upgrade that changes it (the tests above then show how)."""
     server = web.Server(lambda request: web.Response())
     for name in connections.AIOHTTP_INTERNALS[web.Server]:

@@ -1,4 +1,4 @@
-"""Tool-call delta assembly (proxy.assemble): every server quirk of issue 5 as its own fixture."""
+"""Tool-call delta assembly (proxy.response.assemble): every server quirk of issue 5 as its own fixture."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.assemble import AssembledCall, CallAssembler
-from proxy.sse import SSEFramer
+from proxy.response.assemble import AssembledCall, CallAssembler
+from proxy.response.sse import SSEFramer
 from tests.quirks import QUIRKS, Quirk
 
 

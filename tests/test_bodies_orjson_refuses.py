@@ -4,7 +4,7 @@ items 5 and 6).
 Before: one lone surrogate (``"\\udcff"``, which Python's ``json.dumps`` writes), a number beyond
 float range (``1e400``) or nesting past orjson's 1,024 levels turned every guard off with no
 counter and ``conversation: null``; integers past 64 bits came out as floats when a body was
-rewritten. Now :func:`proxy.jsonbody.decode` reads them, :func:`proxy.dialects.openai_chat.apply`
+rewritten. Now :func:`proxy.dialects.jsonbody.decode` reads them, :func:`proxy.dialects.openai_chat.apply`
 splices bytes, and what truly cannot be read is counted (``unguarded_requests{reason}``).
 """
 
@@ -18,10 +18,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy import jsonbody
-from proxy.config import Config
+from proxy.dialects import jsonbody
 from proxy.guards import build_guards
-from proxy.rewrite import NOT_CHAT, decide_request
+from proxy.ops.config import Config
+from proxy.request.rewrite import NOT_CHAT, decide_request
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
 

@@ -8,13 +8,13 @@ import orjson
 import pytest
 
 from proxy.actions import Remind, Withhold
-from proxy.config import CircuitBreakerConfig, Config, build
 from proxy.dialects.openai_chat import parse_request
 from proxy.errors import ConfigError
 from proxy.guards import build_guards
 from proxy.guards.circuit_breaker import CAP_TEXT, DUPLICATE_TEXT, CircuitBreaker
-from proxy.observe import Stats, action_summary
-from proxy.rewrite import decide_request
+from proxy.ops.config import CircuitBreakerConfig, Config, build
+from proxy.ops.observe import Stats, action_summary
+from proxy.request.rewrite import decide_request
 from tests.fakes import only_guard
 
 RESULT = "print('hi')"

@@ -14,9 +14,9 @@ import pytest
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from proxy.conversation import conversation_key
+from proxy.edge.server import INCIDENTS_KEY
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
-from proxy.server import INCIDENTS_KEY
+from proxy.request.conversation import conversation_key
 from tests.fakes import FakeUpstream
 from tests.proxy_server import serve
 

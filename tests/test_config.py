@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-import proxy.server
-from proxy.cli import effective_config, main
-from proxy.config import (
+import proxy.edge.server
+from proxy.errors import ConfigError
+from proxy.ops.cli import effective_config, main
+from proxy.ops.config import (
     Config,
     ConversationKeyConfig,
     ListenConfig,
@@ -21,7 +22,6 @@ from proxy.config import (
     load_config,
     to_plain,
 )
-from proxy.errors import ConfigError
 
 RR = "guards.repeat_reminder"
 
@@ -455,7 +455,7 @@ def test_serve_with_bad_env_port_exits_2(
     async def must_not_serve(cfg: Config) -> None:
         raise AssertionError("serve must not start with an invalid port")
 
-    monkeypatch.setattr(proxy.server, "serve_forever", must_not_serve)
+    monkeypatch.setattr(proxy.edge.server, "serve_forever", must_not_serve)
     monkeypatch.setenv("LOOPGUARD_PORT", "abc")
     monkeypatch.delenv("LOOPGUARD_CONFIG", raising=False)
     assert main(["serve"]) == 2

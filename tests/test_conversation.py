@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from proxy.config import Config
-from proxy.conversation import conversation_key
+from proxy.ops.config import Config
+from proxy.request.conversation import conversation_key
 
 NAMES = Config().conversation_key.headers  # x-session-id, session_id, conversation_id
 

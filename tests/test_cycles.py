@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from proxy.actions import Remind, Withhold
-from proxy.assemble import AssembledCall
-from proxy.config import Config, CyclesConfig, build
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.cycles import Cycles
-from proxy.response import StopJudge
+from proxy.ops.config import Config, CyclesConfig, build
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import StopJudge
 from tests.agent_steps import History
 from tests.rule_helpers import summary, transcript
 

@@ -1,4 +1,4 @@
-"""Degenerate text detection (proxy.degenerate) and its false-positive rule."""
+"""Degenerate text detection (proxy.response.degenerate) and its false-positive rule."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.config import DegenerateTextConfig
-from proxy.degenerate import RepetitionDetector, periodic_tail
+from proxy.ops.config import DegenerateTextConfig
+from proxy.response.degenerate import RepetitionDetector, periodic_tail
 
 CFG = DegenerateTextConfig()
 

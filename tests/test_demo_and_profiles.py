@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
-from proxy.config import Config, build, load_config
-from proxy.demo import changes, run_demo
+from proxy.ops.cli import main
+from proxy.ops.config import Config, build, load_config
+from proxy.ops.demo import changes, run_demo
 
 ROOT = Path(__file__).resolve().parent.parent
 

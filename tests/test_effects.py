@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from proxy.config import Config, build
 from proxy.effects import EffectRule, epochs, shell_read_only
 from proxy.errors import ConfigError
 from proxy.failures import FailureRule, RejectionRule
+from proxy.ops.config import Config, build
 from proxy.targets import TargetRule, call_on, subcommand
 from tests.agent_steps import History
 from tests.rule_helpers import transcript

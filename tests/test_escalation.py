@@ -13,13 +13,13 @@ import orjson
 import pytest
 
 from proxy.actions import Remind, Stop, Withhold
-from proxy.assemble import AssembledCall
-from proxy.config import Config, build
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.escalation import WITHHOLD_TEXT
-from proxy.response import ESCALATION_TEXT, StopJudge
+from proxy.ops.config import Config, build
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import ESCALATION_TEXT, StopJudge
 from tests.agent_steps import History
 from tests.fakes import FakeUpstream, scripted_model, tool_call
 from tests.rule_helpers import call_at, transcript

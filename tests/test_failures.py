@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import RepeatedFailureConfig
 from proxy.failures import (
     DEFAULT_FAILURE_PATTERNS,
     EDGE_CHARS,
@@ -27,6 +26,7 @@ from proxy.failures import (
     exit_status,
 )
 from proxy.guards.repeated_failure import RepeatedFailure
+from proxy.ops.config import RepeatedFailureConfig
 from proxy.transcript import ToolResult
 
 RULE = FailureRule()

@@ -26,10 +26,10 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-import proxy.rewrite
-from proxy.config import Config
+import proxy.request.rewrite
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
-from proxy.observe import configure_logging
+from proxy.ops.config import Config
+from proxy.ops.observe import configure_logging
 from tests.fakes import (
     FakeUpstream,
     agent_history,
@@ -792,7 +792,7 @@ async def test_fail_open_when_guards_raise(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("guard bug")
 
-    monkeypatch.setattr(proxy.rewrite, "evaluate", boom)
+    monkeypatch.setattr(proxy.request.rewrite, "evaluate", boom)
     base = await make_proxy()
     raw = body_of(repeated_call_messages(3))  # would normally get a reminder
     async with agent.post(base + CHAT, data=raw) as r:

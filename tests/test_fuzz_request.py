@@ -1,5 +1,5 @@
 """Fuzzing the request side (issue 14, "Hardening"): random chat-completion bodies through
-:func:`proxy.rewrite.decide_request`, the pure function the server runs on every chat request.
+:func:`proxy.request.rewrite.decide_request`, the pure function the server runs on every chat request.
 
 Bodies: messages of every role (and unknown ones), tool calls with arguments as JSON strings,
 objects or invalid JSON, tool results, content as a string, an array of parts, null or missing,
@@ -50,10 +50,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.actions import Action, Remind, Withhold
-from proxy.config import Config, build
+from proxy.edge.server import STATS_KEY
 from proxy.guards import build_guards
-from proxy.rewrite import decide_request
-from proxy.server import STATS_KEY
+from proxy.ops.config import Config, build
+from proxy.request.rewrite import decide_request
 from tests.proxy_server import serve
 
 

@@ -1,6 +1,6 @@
 """Fuzzing the streamed response side (issue 14, "Hardening"): random SSE byte streams of
-chat-completion chunks through :class:`proxy.stream_guard.StreamGuard`, split at random points
-into reads, as the relay (:mod:`proxy.relay`) feeds it.
+chat-completion chunks through :class:`proxy.response.stream_guard.StreamGuard`, split at random points
+into reads, as the relay (:mod:`proxy.edge.relay`) feeds it.
 
 Streams: content and reasoning deltas (unicode, astral characters), tool-call deltas split across
 chunks (OpenAI fragments, whole calls, two calls in one delta, the legacy ``function_call``),
@@ -46,13 +46,13 @@ from aiohttp import web
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from proxy import stream_guard
 from proxy.actions import Stop
-from proxy.assemble import AssembledCall, CallAssembler
-from proxy.config import Config, build
-from proxy.server import STATS_KEY
-from proxy.sse import SSEFramer
-from proxy.stream_guard import StreamGuard
+from proxy.edge.server import STATS_KEY
+from proxy.ops.config import Config, build
+from proxy.response import stream_guard
+from proxy.response.assemble import AssembledCall, CallAssembler
+from proxy.response.sse import SSEFramer
+from proxy.response.stream_guard import StreamGuard
 from tests.proxy_server import serve
 
 FUZZ = settings(
@@ -89,7 +89,7 @@ STOP = Stop(text="[loopguard] Stopped 😀.", rule="stop", tool="t", count=3, li
 
 
 class Judge:
-    """Stands in for proxy.response.StopJudge: answers ``verdict`` to every question."""
+    """Stands in for proxy.response.decide.StopJudge: answers ``verdict`` to every question."""
 
     def __init__(self, verdict: Stop | None, on_text_only: bool = False) -> None:
         self.verdict = verdict

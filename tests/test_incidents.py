@@ -13,11 +13,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.actions import Remind, Withhold
-from proxy.config import Config, build
 from proxy.guards import build_guards
-from proxy.incidents import Incident, IncidentLog, first_fresh_denials, iso_utc
-from proxy.observe import Stats
-from proxy.rewrite import decide_request
+from proxy.ops.config import Config, build
+from proxy.ops.incidents import Incident, IncidentLog, first_fresh_denials, iso_utc
+from proxy.ops.observe import Stats
+from proxy.request.rewrite import decide_request
 from tests.test_circuit_breaker import conversation, letters
 
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z

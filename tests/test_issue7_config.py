@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.config import (
+from proxy.errors import ConfigError
+from proxy.guards import build_guards
+from proxy.ops.config import (
     DEFAULT_REJECTION_PATTERNS,
     Config,
     CyclesConfig,
@@ -19,8 +21,6 @@ from proxy.config import (
     build,
     load_config,
 )
-from proxy.errors import ConfigError
-from proxy.guards import build_guards
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")

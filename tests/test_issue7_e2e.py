@@ -12,7 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.guards.cycles import WITHHOLD_TEXT
-from proxy.response import MONOLOGUE_TEXT
+from proxy.response.decide import MONOLOGUE_TEXT
 from tests.agent_steps import History
 from tests.fakes import FakeUpstream, scripted_model, tool_call
 from tests.sdk_agent import agent_loop as shared_agent_loop

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from proxy.actions import Remind
-from proxy.config import MonologueConfig, build
 from proxy.dialects import openai_chat
 from proxy.guards.monologue import Monologue
+from proxy.ops.config import MonologueConfig, build
 from tests.agent_steps import History
 from tests.rule_helpers import transcript
 

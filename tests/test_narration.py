@@ -1,4 +1,4 @@
-"""Narration (issue 4) and the per-conversation state behind it (proxy.state, proxy.memory).
+"""Narration (issue 4) and the per-conversation state behind it (proxy.request.state, proxy.request.memory).
 
 Requests go through the same pure pipeline the server runs (decide_request with the remembered
 state, then Memory.commit) with an injected clock: no sockets, no sleeping."""
@@ -11,13 +11,13 @@ import orjson
 import pytest
 
 from proxy.actions import Remind
-from proxy.config import Config, build
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
 from proxy.guards.narration import Narration, duration, render
-from proxy.memory import Memory
-from proxy.rewrite import RequestDecision, decide_request
-from proxy.state import (
+from proxy.ops.config import Config, build
+from proxy.request.memory import Memory
+from proxy.request.rewrite import RequestDecision, decide_request
+from proxy.request.state import (
     MAX_NARRATIONS,
     MAX_TURNS,
     ConversationState,

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.actions import Withhold
-from proxy.assemble import AssembledCall
-from proxy.config import Config
 from proxy.guards import Context, build_guards
-from proxy.response import StopJudge
-from proxy.rewrite import decide_request
+from proxy.ops.config import Config
+from proxy.request.rewrite import decide_request
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import StopJudge
 
 CFG = Config()
 GUARDS = build_guards(

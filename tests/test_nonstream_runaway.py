@@ -21,10 +21,10 @@ import structlog
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.as_stream import Assembly, error_status, stream_rejected, stream_request, top_level_values
-from proxy.assemble import CompletionAssembler
-from proxy.observe import configure_logging
-from proxy.response import DENIALS_TEXT
+from proxy.ops.observe import configure_logging
+from proxy.response.as_stream import Assembly, error_status, stream_rejected, stream_request, top_level_values
+from proxy.response.assemble import CompletionAssembler
+from proxy.response.decide import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, tool_call
 from tests.quirks import ARGS, BASE, ROLE, calls, chunk, ev, tc
 from tests.sdk_agent import agent_loop, snapshot
@@ -251,7 +251,7 @@ async def test_other_requests_go_upstream_byte_for_byte(
 async def test_json_orjson_cannot_read_is_converted_with_its_number_text_kept(
     upstream: FakeUpstream, make_proxy, agent
 ) -> None:
-    """``1e400`` is JSON (the guards read it, proxy.jsonbody): the request goes as a stream and
+    """``1e400`` is JSON (the guards read it, proxy.dialects.jsonbody): the request goes as a stream and
     only the stream members are added; the number text is untouched."""
 
     async def handler(request: web.Request, got: bytes) -> web.StreamResponse:
@@ -645,7 +645,7 @@ async def test_a_complete_answer_survives_a_connection_broken_after_it(
 async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(upstream: FakeUpstream) -> None:
     """What ``serve_forever`` does at the end of the grace period (it closes the upstream
     responses still in flight): the agent, which asked for JSON, gets an error answer."""
-    from proxy.server import INFLIGHT_KEY, SHUTDOWN_KEY
+    from proxy.edge.server import INFLIGHT_KEY, SHUTDOWN_KEY
     from tests.proxy_server import serve
 
     sent = asyncio.Event()

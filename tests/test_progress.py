@@ -9,13 +9,12 @@ import orjson
 import pytest
 
 from proxy.actions import Action, Remind, Stop, Withhold
-from proxy.assemble import AssembledCall
-from proxy.config import Config, build, load_config
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards
 from proxy.guards.circuit_breaker import RULE as BREAKER
 from proxy.guards.repeat_reminder import RULE as REMINDER
 from proxy.guards.turn_guard import RULE as TURN
+from proxy.ops.config import Config, build, load_config
 from proxy.progress import (
     DEFAULT_MASK_PATTERNS,
     DEFAULT_MASKS,
@@ -25,8 +24,9 @@ from proxy.progress import (
     mask,
     same_result,
 )
-from proxy.response import StopJudge
-from proxy.rewrite import decide_request
+from proxy.request.rewrite import decide_request
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import StopJudge
 from proxy.transcript import ToolResult
 from tests.agent_steps import History
 from tests.conftest import ProxyFactory

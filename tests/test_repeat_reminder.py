@@ -10,11 +10,11 @@ import orjson
 import pytest
 
 from proxy.actions import Remind
-from proxy.config import Config, GuardsConfig, RepeatReminderConfig, build
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT, RepeatReminder, preview
-from proxy.rewrite import decide_request
+from proxy.ops.config import Config, GuardsConfig, RepeatReminderConfig, build
+from proxy.request.rewrite import decide_request
 
 RR = "guards.repeat_reminder"
 HEADERS = Config().conversation_key.headers

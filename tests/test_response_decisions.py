@@ -1,4 +1,4 @@
-"""Response-side decisions as pure functions (proxy.response): stop, runaway, degenerate, JSON."""
+"""Response-side decisions as pure functions (proxy.response.decide): stop, runaway, degenerate, JSON."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 import orjson
 import pytest
 
-import proxy.response
+import proxy.response.decide
 from proxy.actions import Cut, Stop
-from proxy.assemble import AssembledCall
-from proxy.config import Config, build
 from proxy.dialects import openai_chat
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
-from proxy.response import (
+from proxy.ops.config import Config, build
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import (
     CAP_TEXT,
     DENIALS_TEXT,
     StopJudge,
@@ -158,7 +158,7 @@ def test_guards_are_not_run_when_no_stop_can_fire(monkeypatch: pytest.MonkeyPatc
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("guards evaluated")
 
-    monkeypatch.setattr(proxy.response, "evaluate", boom)
+    monkeypatch.setattr(proxy.response.decide, "evaluate", boom)
     assert judge([call()]) is None
 
 

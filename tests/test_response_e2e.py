@@ -17,11 +17,11 @@ import pytest
 import structlog
 from aiohttp import web
 
-import proxy.relay
-import proxy.stream_guard
-from proxy.config import GuardsConfig
-from proxy.observe import configure_logging
-from proxy.response import DENIALS_TEXT
+import proxy.edge.relay
+import proxy.response.stream_guard
+from proxy.ops.config import GuardsConfig
+from proxy.ops.observe import configure_logging
+from proxy.response.decide import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
 from tests.quirks import ARGS, QUIRKS, ROLE, Quirk, calls, chunk, ev, tc
 from tests.sdk_agent import agent_loop, snapshot, turn
@@ -463,7 +463,7 @@ async def test_sdk_parses_a_runaway_cut_of_40_calls(upstream: FakeUpstream, sdk)
 async def test_stream_guard_bug_fails_open_with_the_exact_bytes(
     upstream: FakeUpstream, make_proxy, agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = proxy.stream_guard.StreamGuard._event
+    original = proxy.response.stream_guard.StreamGuard._event
     seen = {"n": 0}
 
     def flaky(self: Any, e: Any, out: Any) -> None:
@@ -472,7 +472,7 @@ async def test_stream_guard_bug_fails_open_with_the_exact_bytes(
             raise RuntimeError("guard bug")
         original(self, e, out)
 
-    monkeypatch.setattr(proxy.stream_guard.StreamGuard, "_event", flaky)
+    monkeypatch.setattr(proxy.response.stream_guard.StreamGuard, "_event", flaky)
     raw = b"".join(sse_events([tool_call("read_file", ARGS, "call_1")], content="Looking at it."))
 
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
@@ -499,7 +499,7 @@ async def test_json_decision_bug_fails_open(
     def boom(*a: Any, **k: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(proxy.relay, "decide_json", boom)
+    monkeypatch.setattr(proxy.edge.relay, "decide_json", boom)
     base = await make_proxy()
     body = orjson.dumps({"model": "m", "messages": repeated_call_messages(8)})
     async with agent.post(base + CHAT, data=body) as r:

@@ -12,13 +12,12 @@ import orjson
 import pytest
 
 from proxy.actions import Remind, Withhold
-from proxy.config import Config, ResponsesStoreConfig, build
 from proxy.dialects import openai_responses
 from proxy.dialects.openai_responses import apply_chained
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards
-from proxy.response import StopJudge
-from proxy.response_store import (
+from proxy.ops.config import Config, ResponsesStoreConfig, build
+from proxy.request.response_store import (
     NOT_RUN_TEXT,
     UNKNOWN_PREVIOUS,
     Answer,
@@ -30,8 +29,9 @@ from proxy.response_store import (
     entry_of,
     repair_items,
 )
-from proxy.responses_answer import decide_json_answer
-from proxy.rewrite import decide_request
+from proxy.request.rewrite import decide_request
+from proxy.response.decide import StopJudge
+from proxy.response.responses_stream import decide_json_answer
 from tests.fakes import repeated_call_messages
 from tests.responses_items import response_object, responses_body
 
@@ -490,7 +490,7 @@ def test_a_stopped_answer_is_kept_as_the_agent_got_it_and_repaired_for_the_upstr
 
 
 def test_chain_history_is_a_request_body_of_the_whole_chain() -> None:
-    """What :func:`proxy.response.earlier_stops` reads for a chained request (incident records)."""
+    """What :func:`proxy.response.decide.earlier_stops` reads for a chained request (incident records)."""
     chain = Chain((b'[{"a":1}]', b"[]", b'[{"b":2},{"c":3}]'), 3, 0, "resp_1", True)
     assert orjson.loads(chain.history()) == {"input": [{"a": 1}, {"b": 2}, {"c": 3}]}
     assert orjson.loads(Chain().history()) == {"input": []}

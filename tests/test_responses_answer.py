@@ -13,8 +13,8 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.actions import Stop
-from proxy.config import Config
-from proxy.responses_answer import ResponsesStreamGuard, decide_json
+from proxy.ops.config import Config
+from proxy.response.responses_stream import ResponsesStreamGuard, decide_json
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.responses_items import response_events, response_object, responses_body

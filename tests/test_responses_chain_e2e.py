@@ -15,7 +15,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from proxy.response_store import NOT_RUN_TEXT, UNKNOWN_PREVIOUS
+from proxy.request.response_store import NOT_RUN_TEXT, UNKNOWN_PREVIOUS
 from tests.conftest import ProxyFactory
 from tests.fake_responses import FakeResponses, custom_call, function_call, message
 from tests.fakes import FakeUpstream

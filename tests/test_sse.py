@@ -1,4 +1,4 @@
-"""The SSE framer (proxy.sse): events and their exact raw bytes, whatever the read boundaries."""
+"""The SSE framer (proxy.response.sse): events and their exact raw bytes, whatever the read boundaries."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import SSEEvent, SSEFramer
+from proxy.response.sse import SSEEvent, SSEFramer
 
 
 def frame(chunks: list[bytes]) -> tuple[list[SSEEvent], bytes]:

@@ -1,4 +1,4 @@
-"""The streamed response side without sockets (proxy.stream_guard): byte-exact passthrough,
+"""The streamed response side without sockets (proxy.response.stream_guard): byte-exact passthrough,
 held tool-call deltas, stop replacement, runaway and degenerate cuts, fail-open accounting."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import orjson
 import pytest
 
 from proxy.actions import Cut, Stop
-from proxy.assemble import AssembledCall, CallAssembler
-from proxy.config import Config, build
-from proxy.sse import SSEFramer
-from proxy.stream_guard import StreamGuard
+from proxy.ops.config import Config, build
+from proxy.response.assemble import AssembledCall, CallAssembler
+from proxy.response.sse import SSEFramer
+from proxy.response.stream_guard import StreamGuard
 from tests.quirks import ARGS, QUIRKS, ROLE, Quirk, calls, chunk, ev, stream, tc
 
 STOP = Stop(text="[loopguard] Stopped.", rule="stop", tool="read_file", count=9, limit=2, reason="denials")
 
 
 class Judge:
-    """A stand-in for proxy.response.StopJudge: records what it was asked, answers ``verdict``."""
+    """A stand-in for proxy.response.decide.StopJudge: records what it was asked, answers ``verdict``."""
 
     def __init__(self, verdict: Stop | None = None) -> None:
         self.verdict = verdict
@@ -401,7 +401,7 @@ def test_a_cut_is_complete() -> None:
 def test_an_event_past_the_size_limit_goes_out_unread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 14, item 7: an event that grows past MAX_EVENT_BYTES is not buffered: what was held
     and the event itself go out as they came, and so does the rest of the stream."""
-    from proxy import stream_guard
+    from proxy.response import stream_guard
 
     monkeypatch.setattr(stream_guard, "MAX_EVENT_BYTES", 1024)
     head = stream(chunk(ROLE), chunk(calls(tc(0, "c1", "read_file", "", type_=True))), done=False)

@@ -15,8 +15,8 @@ import yaml
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from proxy.edge.server import MEMORY_KEY
 from proxy.guards.narration import render
-from proxy.server import MEMORY_KEY
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
 from tests.proxy_server import serve
 

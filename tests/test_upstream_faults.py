@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 
-from proxy.config import Config
-from proxy.server import start
+from proxy.edge.server import start
+from proxy.ops.config import Config
 from tests.fakes import repeated_call_messages
 from tests.proxy_server import proxy_config
 

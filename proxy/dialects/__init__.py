@@ -3,8 +3,8 @@ actions back into it (DESIGN §2.1).
 
 :data:`REGISTRY` maps request path suffixes to dialects: ``/chat/completions``
 (:mod:`proxy.dialects.openai_chat`) and ``/responses`` (:mod:`proxy.dialects.openai_responses`;
-its answers: :mod:`proxy.responses_answer`; its ``previous_response_id`` chains:
-:mod:`proxy.response_store`). Every other path is plain passthrough.
+its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`` chains:
+:mod:`proxy.request.response_store`). Every other path is plain passthrough.
 """
 
 from __future__ import annotations

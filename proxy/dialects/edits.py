@@ -1,7 +1,7 @@
 """Request-side actions written into a body as byte edits, for every dialect (issue 14, item 6).
 
 A dialect describes where its history lives and how a reminder looks (:class:`Wire`); :func:`apply`
-does the rest. Only the edited spans change (:func:`proxy.jsonbody.splice`): every other byte,
+does the rest. Only the edited spans change (:func:`proxy.dialects.jsonbody.splice`): every other byte,
 numbers and whitespace included, leaves as it came.
 
 - ``Withhold(position)``: the result member of the item at ``position`` becomes the denial text
@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action, Remind, Withhold
+from proxy.dialects import jsonbody
 
-#: (start, end, replacement bytes): one edit of :func:`proxy.jsonbody.splice`.
+#: (start, end, replacement bytes): one edit of :func:`proxy.dialects.jsonbody.splice`.
 Edit = tuple[int, int, bytes]
 #: An item's ``type`` and ``role`` members (those present), decoded.
 Kind = Mapping[str, Any]
@@ -79,7 +79,7 @@ def _append(
 def apply(raw: bytes, actions: Sequence[Action], body: Any, wire: Wire) -> bytes | None:
     """Write ``actions`` into ``raw`` (rules in the module docstring). Returns the new body, or
     None when no action applies. ``body``: ``raw`` decoded, or None; with it, finding the edited
-    spans is a compare instead of a scan (:func:`proxy.jsonbody.value_end`)."""
+    spans is a compare instead of a scan (:func:`proxy.dialects.jsonbody.value_end`)."""
     hints = body if isinstance(body, dict) else None
     start = jsonbody.member_start(raw, jsonbody.root(raw), wire.items, hints)
     if start is None or raw[start : start + 1] != b"[":

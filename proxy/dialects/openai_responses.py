@@ -21,7 +21,7 @@ the denial text (a parts array becomes that string); a reminder is a ``message``
 after the step's last output item, or appended to that output (``tool_suffix``: an
 ``input_text`` part for a parts array).
 
-``previous_response_id`` chains (:mod:`proxy.response_store`): :func:`input_items` gives the new
+``previous_response_id`` chains (:mod:`proxy.request.response_store`): :func:`input_items` gives the new
 items (a string ``input`` as one user message), the guards read the kept chain followed by them,
 and :func:`apply_chained` writes only the actions that fall on the new items, shifted to the
 request's ``input`` list, then puts the kept response's repair items (the outputs of calls
@@ -35,10 +35,9 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits
+from proxy.dialects import edits, jsonbody
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
@@ -195,7 +194,7 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     return edits.apply(raw, actions, body, WIRE)
 
 
-# --- previous_response_id chains (proxy.response_store) -------------------------------------------------
+# --- previous_response_id chains (proxy.request.response_store) ------------------------------
 
 
 def previous_id(body: Any) -> str | None:
@@ -253,7 +252,7 @@ def apply_chained(
     raw: bytes, actions: Sequence[Action], body: Any, count: int, repair: bytes = b""
 ) -> bytes | None:
     """Apply actions derived over a chain whose first ``count`` items the upstream already holds
-    (:mod:`proxy.response_store`): those at positions inside them are not applied, the others
+    (:mod:`proxy.request.response_store`): those at positions inside them are not applied, the others
     with their positions shifted to this request's ``input``; then the ``repair`` items (a JSON
     array, ``b""`` for none) are put first in ``input``. Returns the new body, or None when
     nothing changes."""

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.actions import Action
-from proxy.config import GuardsConfig
 from proxy.effects import EffectRule, Situations
 from proxy.episodes import ContinuationRule
 from proxy.failures import FailureRule, RejectionRule
@@ -27,8 +26,9 @@ from proxy.guards.repeat_reminder import RepeatReminder
 from proxy.guards.repeated_failure import RepeatedFailure
 from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
+from proxy.ops.config import GuardsConfig
 from proxy.progress import DEFAULT_MASKS, Masks
-from proxy.state import ConversationState
+from proxy.request.state import ConversationState
 from proxy.targets import TargetRule
 from proxy.transcript import Transcript
 
@@ -37,7 +37,7 @@ from proxy.transcript import Transcript
 class Context:
     """What a guard may know besides the transcript: the conversation key (DESIGN §4), the
     current time in ms since the epoch, and the conversation's remembered state
-    (:mod:`proxy.state`; None when unknown or not kept). Only time-based rules (narration) read
+    (:mod:`proxy.request.state`; None when unknown or not kept). Only time-based rules (narration) read
     ``now_ms`` and ``state``."""
 
     conversation: str = ""

@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.config import CircuitBreakerConfig
 from proxy.effects import Situations
+from proxy.ops.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
 from proxy.transcript import ToolCall, Transcript

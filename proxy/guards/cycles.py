@@ -31,10 +31,10 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.config import CyclesConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.ops.config import CyclesConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolCall, Transcript

@@ -23,10 +23,10 @@ from typing import Any
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.config import EchoLoopConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.ops.config import EchoLoopConfig
 from proxy.progress import mask
 from proxy.transcript import ToolCall, Transcript
 
@@ -66,7 +66,7 @@ class EchoLoop:
     __slots__ = ("_cfg", "_delivery", "_masks", "_memo", "_situations")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(

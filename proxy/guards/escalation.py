@@ -24,7 +24,7 @@ bottom of the ladder):
 - This is what ends loops whose arguments drift (a small model's escaping noise, reminder text
   echoed into the arguments), which exact-match rules never see as repeats: the reminders of the
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
-- The response side (:class:`proxy.response.StopJudge`) ends the turn when, with ``stop``, an
+- The response side (:class:`proxy.response.decide.StopJudge`) ends the turn when, with ``stop``, an
   answer's call would be withheld by this rule again after it already withheld one in the turn
   (since the last user message of any kind: "continue" gives the model one more chance).
 """
@@ -38,9 +38,9 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.config import EscalationConfig
 from proxy.effects import Situations
 from proxy.guards.turns import known, memoized, turns
+from proxy.ops.config import EscalationConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript

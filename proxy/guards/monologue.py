@@ -20,7 +20,7 @@ do not reset, because harnesses answer a reply they dislike with a user message)
   that answered it (the harness's user message), never inserted, so roles keep alternating; a
   reply nothing answered yet gets none. Fresh when that message is the request's last.
 - Stop (:meth:`Monologue.stop_count`, :meth:`Monologue.answer_run`, read by
-  :class:`proxy.response.StopJudge`): a response whose text (and calls) would make the same-text
+  :class:`proxy.response.decide.StopJudge`): a response whose text (and calls) would make the same-text
   run ``stop_at`` (4) long, or a text-only response after ``stop_at - 1`` text-only replies that
   each got the same answer, ends the turn (:meth:`Monologue.stop_possible` says when to look). A
   response's calls, whose results are not known yet, continue the run when they call the same
@@ -34,10 +34,10 @@ import re
 from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery, Remind
-from proxy.config import MonologueConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known
+from proxy.ops.config import MonologueConfig
 from proxy.progress import same_result
 from proxy.transcript import Said, Step, Transcript
 
@@ -73,7 +73,7 @@ class Monologue:
     __slots__ = ("_cfg", "_delivery", "_last", "_situations")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(

@@ -2,7 +2,7 @@
 
 Part of ``guards.turn_guard``'s configuration (``narrate_after_ms``, ``narrate_every_ms``), but a
 rule of its own: it reads time, which the history does not carry. Times come from
-``Context.now_ms`` and the conversation's remembered state (``Context.state``, :mod:`proxy.state`):
+``Context.now_ms`` and the conversation's remembered state (``Context.state``, :mod:`proxy.request.state`):
 when the proxy first saw the current turn, when it first saw each assistant text of the turn,
 and where it already injected narration reminders. The guard only reads; the server commits
 new marks after the request (:func:`marks`).
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from proxy.actions import Action, Remind
-from proxy.config import TurnGuardConfig
-from proxy.state import NarrationMark, turn_start
+from proxy.ops.config import TurnGuardConfig
+from proxy.request.state import NarrationMark, turn_start
 from proxy.transcript import Transcript
 
 RULE = "narration"
@@ -70,7 +70,7 @@ class Narration:
     __slots__ = ("_after", "_every")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(self, cfg: TurnGuardConfig) -> None:
@@ -125,7 +125,7 @@ class Narration:
 
 def marks(actions: Iterable[Action], transcript: Transcript, now_ms: int) -> list[NarrationMark]:
     """The fresh narration reminders among ``actions`` as marks to remember (for the server to
-    commit with :func:`proxy.state.observe`)."""
+    commit with :func:`proxy.request.state.observe`)."""
     ends = _ends(transcript)
     return [
         NarrationMark(a.after, ends[a.after][0], now_ms, a.count * 1000)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.config import RecurrenceConfig
 from proxy.effects import Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import remind_after_step, turns
+from proxy.ops.config import RecurrenceConfig
 from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
 
@@ -45,7 +45,7 @@ class Recurrence:
     __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_situations")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from proxy.actions import Action, Remind
 from proxy.canonical import canonical_arguments
-from proxy.config import RepeatReminderConfig
 from proxy.effects import Situations
+from proxy.ops.config import RepeatReminderConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
@@ -63,7 +63,7 @@ class RepeatReminder:
     __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_situations", "_thresholds")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(self, cfg: RepeatReminderConfig, situations: Situations | None = None) -> None:

@@ -30,11 +30,11 @@ from collections import Counter
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.config import RepeatedFailureConfig
 from proxy.effects import Situations
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, RejectionRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import memoized, remind_after_step, turns
+from proxy.ops.config import RepeatedFailureConfig
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
@@ -76,7 +76,7 @@ class RepeatedFailure:
     )
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(

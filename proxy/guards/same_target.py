@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.config import SameTargetConfig
 from proxy.effects import Epochs, Situations
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.ops.config import SameTargetConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, Transcript
@@ -52,7 +52,7 @@ class SameTarget:
     __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_targets", "_thresholds")
 
     name = RULE
-    #: only reminds: the response-side stop check need not ask it (proxy.response.StopJudge)
+    #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(

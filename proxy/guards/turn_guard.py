@@ -11,7 +11,7 @@ Rules:
   calls of one step in listed order; every call counts, tripped ones included (the agent ran them).
 - A call *trips* when, counting it,
   - ``same_call``: it is at least the ``max_same_call``-th call in the turn with its canonical key
-    (DESIGN §5; the free-text fields of :data:`~proxy.config.DEFAULT_IGNORE_ARGS` dropped);
+    (DESIGN §5; the free-text fields of :data:`~proxy.ops.config.DEFAULT_IGNORE_ARGS` dropped);
     repeats need not be consecutive. With ``progress_aware`` (issue 7) a call counts only when its
     result equals the previous result of that call in the turn after masking volatile spans
     (:mod:`proxy.progress`; a result not arrived yet is judged by the previous pair): polling a job
@@ -46,11 +46,11 @@ from typing import Any
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
 from proxy.effects import Situations
 from proxy.facts import annotate
 from proxy.failures import FailureRule
 from proxy.guards.repeat_reminder import preview
+from proxy.ops.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, path_key
 from proxy.transcript import ToolCall, Transcript

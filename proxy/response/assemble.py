@@ -89,7 +89,7 @@ class CallAssembler:
                     started += self._add_one(tc)
         fc = delta.get("function_call")
         # llama-cpp-python mirrors each tool call as a legacy function_call in the same deltas: one
-        # call, not two (as the JSON side reads a message: proxy.response.message_calls)
+        # call, not two (as the JSON side reads a message: proxy.response.decide.message_calls)
         if isinstance(fc, dict) and not self._tool_calls:
             started += self._add_one({"index": -1, "function": fc})
         return started

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy import jsonbody
+from proxy.dialects import jsonbody
 
 
 def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:

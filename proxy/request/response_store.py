@@ -41,7 +41,7 @@ response id seen in an upstream answer, an :class:`Entry`:
   (``unguarded{reason="unknown_previous_response"}``); it is logged once per chain: the answer's
   id joins the *lost* ids, and a request continuing a lost id is counted but not logged again.
 
-Bounds (:class:`proxy.config.ResponsesStoreConfig`), the least recently used entry dropped
+Bounds (:class:`proxy.ops.config.ResponsesStoreConfig`), the least recently used entry dropped
 first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the
 entries of one chain share their byte strings, which count once: a chain of 100 responses over
 a 1 MB history holds about 1 MB; an entry whose chain alone is larger than the budget is not
@@ -60,8 +60,8 @@ from typing import Any
 
 import orjson
 
-from proxy import jsonbody
-from proxy.config import ResponsesStoreConfig
+from proxy.dialects import jsonbody
+from proxy.ops.config import ResponsesStoreConfig
 
 #: ``RequestDecision.unguarded`` for a ``previous_response_id`` loopguard does not hold.
 UNKNOWN_PREVIOUS = "unknown_previous_response"
@@ -122,7 +122,7 @@ class Entry:
 @dataclass(frozen=True, slots=True)
 class Chain:
     """What a Responses request tells the store, from the request side
-    (:func:`proxy.rewrite.decide_request`). ``segments``/``count``/``size``: the chain up to and
+    (:func:`proxy.request.rewrite.decide_request`). ``segments``/``count``/``size``: the chain up to and
     including this request's ``input``, as the agent sent it. ``previous``: its
     ``previous_response_id``. ``keep``: keep the answer (the request is guarded and not
     ``store: false``). ``lost``: the previous id was unknown (the answer's id is lost too)."""
@@ -137,7 +137,7 @@ class Chain:
     def history(self) -> bytes:
         """The kept chain (and, when ``keep``, this request's input) as a request body
         ``{"input": [...]}``, for what reads a history from bytes
-        (:func:`proxy.response.earlier_stops`)."""
+        (:func:`proxy.response.decide.earlier_stops`)."""
         inner = [seg[1:-1] for seg in self.segments if len(seg) > 2]
         return b'{"input":[' + b",".join(inner) + b"]}"
 

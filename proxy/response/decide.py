@@ -25,7 +25,7 @@
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
 
 :func:`decide_json` rewrites a whole ``chat.completion`` body; the streaming counterpart is
-:mod:`proxy.stream_guard`. :func:`earlier_stops` finds the stops already in a conversation's
+:mod:`proxy.response.stream_guard`. :func:`earlier_stops` finds the stops already in a conversation's
 history (for the first-stop-per-conversation incident record).
 """
 
@@ -38,12 +38,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
-from proxy.assemble import AssembledCall
 from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.config import Config, ResponseConfig, StopConfig
-from proxy.degenerate import RepetitionDetector
+from proxy.dialects import jsonbody
 from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard, evaluate
 from proxy.guards.circuit_breaker import CAP
@@ -51,6 +48,9 @@ from proxy.guards.circuit_breaker import RULE as BREAKER
 from proxy.guards.escalation import RULE as ESCALATION_RULE
 from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
+from proxy.ops.config import Config, ResponseConfig, StopConfig
+from proxy.response.assemble import AssembledCall
+from proxy.response.degenerate import RepetitionDetector
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"

@@ -1,6 +1,6 @@
 """Prometheus metrics for ``GET /loop-guard/metrics`` (DESIGN §7), via prometheus-client.
 
-The counters are read from :class:`proxy.observe.Stats` at scrape time (one source of truth, no
+The counters are read from :class:`proxy.ops.observe.Stats` at scrape time (one source of truth, no
 double bookkeeping); only the added-latency histogram is observed per request. Each app has its own
 registry, so several proxies in one process (tests) never share series.
 
@@ -9,7 +9,7 @@ Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
-:mod:`proxy.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
+:mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
 before the whole answer), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.observe import Stats
+from proxy.ops.observe import Stats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

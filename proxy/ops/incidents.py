@@ -1,11 +1,11 @@
 """Incident records (DESIGN §6.2): one per conversation and kind.
 
 An *incident* is the first circuit-breaker denial of a kind (``duplicate``, ``cap``) or the first
-response-side stop (kind ``stop``, :mod:`proxy.response`) in a conversation, recorded once, when it
+response-side stop (kind ``stop``, :mod:`proxy.response.decide`) in a conversation, recorded once, when it
 is decided. Which actions qualify is derived from the request alone (:func:`first_fresh_denials`):
 the action must be fresh (it concerns the newest step) and no earlier action of that kind may exist
 among the re-derived ones (for stops: the stop texts already in the history,
-:func:`proxy.response.earlier_stops`). So once a conversation's history shows one, later requests
+:func:`proxy.response.decide.earlier_stops`). So once a conversation's history shows one, later requests
 never record it again, across a proxy restart too.
 
 The one case the history cannot tell apart is a client retry of the very request that carried the

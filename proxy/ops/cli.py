@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from proxy.config import Config, ListenConfig, UpstreamConfig, build, load_config, to_plain
 from proxy.errors import ConfigError
+from proxy.ops.config import Config, ListenConfig, UpstreamConfig, build, load_config, to_plain
 
 
 def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(yaml.safe_dump(to_plain(cfg), sort_keys=False))
             return 0
         if args.command == "demo":
-            from proxy.demo import run_demo
+            from proxy.ops.demo import run_demo
 
             return asyncio.run(run_demo(load_config(args.config), steps=args.steps))
         cfg = effective_config(args, os.environ)
@@ -96,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2
 
-    from proxy.observe import configure_logging
-    from proxy.server import serve_forever
+    from proxy.edge.server import serve_forever
+    from proxy.ops.observe import configure_logging
 
     configure_logging(args.log_level)
     with contextlib.suppress(KeyboardInterrupt):

@@ -18,7 +18,7 @@ import orjson
 import structlog
 
 from proxy.actions import Action, Cut, Stop, Withhold
-from proxy.incidents import Incident
+from proxy.ops.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
 RECENT_INCIDENTS = 50
@@ -64,7 +64,7 @@ class _WithoutContent(logging.Filter):
         return False
 
 
-#: The logger handed to aiohttp's server (``proxy.server.start``): nothing it is given leaves
+#: The logger handed to aiohttp's server (``proxy.edge.server.start``): nothing it is given leaves
 #: except through :class:`_WithoutContent`.
 SERVER_LOG = logging.getLogger("loopguard.aiohttp")
 SERVER_LOG.propagate = False
@@ -103,7 +103,7 @@ class Stats:
     """Process-wide counters (reset on restart). Only *fresh* actions are counted.
 
     ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
-    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.incidents`), oldest first."""
+    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first."""
 
     started: float = field(default_factory=time.monotonic)
     requests: int = 0

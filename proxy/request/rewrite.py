@@ -3,8 +3,8 @@
 No sockets here; the server calls :func:`decide_request` and forwards ``decision.body``. A body that
 is not JSON, or JSON the dialect cannot read, comes back unchanged with no actions and the reason
 in ``unguarded``. JSON that orjson refuses but is still JSON (lone surrogates, ``1e400``, deep
-nesting) is read by :func:`proxy.jsonbody.decode`, and a rewrite changes only the edited bytes. Any other
-exception is a bug and propagates; the server then forwards the original bytes (fail open).
+nesting) is read by :func:`proxy.dialects.jsonbody.decode`, and a rewrite changes only the edited
+bytes. Any other exception is a bug and propagates; the server then forwards the original bytes (fail open).
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action
-from proxy.conversation import conversation_key
-from proxy.dialects import Dialect, openai_chat, openai_responses
+from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
-from proxy.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
-from proxy.state import ConversationState
+from proxy.request.conversation import conversation_key
+from proxy.request.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
+from proxy.request.state import ConversationState
 from proxy.transcript import Transcript
 
 
@@ -30,8 +29,8 @@ class RequestDecision:
     ``actions``: every action derived (fresh and re-derived). ``conversation``: DESIGN §4 key
     (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log.
     ``transcript``: what the guards read (None when the body was not readable), for the server to
-    remember what it saw (:mod:`proxy.state`). ``unguarded``: why the guards could not read the
-    body (``not_json``, ``nesting``: :class:`proxy.jsonbody.Unreadable`; :data:`NOT_CHAT`), else
+    remember what it saw (:mod:`proxy.request.state`). ``unguarded``: why the guards could not read the
+    body (``not_json``, ``nesting``: :class:`proxy.dialects.jsonbody.Unreadable`; :data:`NOT_CHAT`), else
     None."""
 
     body: bytes
@@ -68,11 +67,11 @@ def decide_request(
     ``state_for(conversation_key)`` gives the remembered state handed to the guards in
     ``Context.state`` (read only; None = no state, as after a restart).
 
-    ``previous(response_id)``: the response store's lookup (:mod:`proxy.response_store`; None =
+    ``previous(response_id)``: the response store's lookup (:mod:`proxy.request.response_store`; None =
     no store). A Responses request naming a ``previous_response_id`` is guarded over the kept
     chain plus its new items (actions inside the kept part are not applied again, the others
     shifted to its ``input``); one whose id is not kept comes back unchanged with ``unguarded``
-    :data:`proxy.response_store.UNKNOWN_PREVIOUS`. With a store, every guarded Responses request
+    :data:`proxy.request.response_store.UNKNOWN_PREVIOUS`. With a store, every guarded Responses request
     not sent with ``store: false`` carries its chain in ``chain``, for the answer to be kept.
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.

@@ -1,7 +1,7 @@
 """The response side of a streamed chat completion, sans-I/O: upstream bytes in, agent bytes out.
 
-:class:`StreamGuard` reads the upstream's SSE events (:mod:`proxy.sse`) and decides what the agent
-receives. The edge (:mod:`proxy.relay`) writes whatever :meth:`StreamGuard.feed` returns and, when
+:class:`StreamGuard` reads the upstream's SSE events (:mod:`proxy.response.sse`) and decides what the agent
+receives. The edge (:mod:`proxy.edge.relay`) writes whatever :meth:`StreamGuard.feed` returns and, when
 the output says ``abort``, closes the upstream request at once.
 
 - Events are forwarded as their exact upstream bytes, as soon as they are complete, except that
@@ -9,13 +9,13 @@ the output says ``abort``, closes the upstream request at once.
   ``finish_reason``, or ``[DONE]``/the end of the stream). To keep the byte order, every event after
   a held one is held too until the release; in practice that is only the finish chunk (content
   streams before calls). An event carrying both content and a call is held whole.
-- At the decision (:mod:`proxy.response`): nothing decided → the held bytes are released unchanged
+- At the decision (:mod:`proxy.response.decide`): nothing decided → the held bytes are released unchanged
   (so when nothing is decided the agent receives exactly the upstream bytes). **Stop** → the held
   call deltas are dropped, a content delta with the stop text is inserted before the finish chunk,
   whose ``finish_reason`` becomes ``"stop"``. **Runaway** → the calls are cut as soon as the
   first call beyond a limit is seen (abort): the kept calls are re-emitted whole (one delta each,
   indexes 0..n-1), then a finish chunk (``tool_calls``) and ``data: [DONE]``.
-- **Degenerate text** in content or reasoning (:mod:`proxy.degenerate`) → abort: held call deltas
+- **Degenerate text** in content or reasoning (:mod:`proxy.response.degenerate`) → abort: held call deltas
   of unfinished choices are dropped, and each unfinished choice gets a finish chunk with
   ``finish_reason: "length"``, then ``data: [DONE]``.
 - A ``data:`` that is not a chat-completion chunk (``{"error": …}`` mid-stream, invalid JSON)
@@ -32,18 +32,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action, Cut, Stop
-from proxy.assemble import AssembledCall, CallAssembler
-from proxy.config import Config
-from proxy.degenerate import RepetitionDetector
-from proxy.response import (
+from proxy.dialects import jsonbody
+from proxy.ops.config import Config
+from proxy.response.assemble import AssembledCall, CallAssembler
+from proxy.response.decide import (
     DEGENERATE_RULE,
     REASONING_FIELDS,
     StopJudge,
     runaway_cut,
 )
-from proxy.sse import SSEEvent, SSEFramer
+from proxy.response.degenerate import RepetitionDetector
+from proxy.response.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
 #: An event longer than this (bytes, unfinished) is not read: the guard forwards it and the rest of
@@ -99,7 +99,7 @@ def _meaningful(part: dict[str, Any]) -> bool:
 
 class FramedGuard:
     """What every streamed answer's guard shares (chat completions here, the Responses API in
-    :mod:`proxy.responses_answer`): the SSE framing, the three states (``inspect``; ``pass``:
+    :mod:`proxy.response.responses_stream`): the SSE framing, the three states (``inspect``; ``pass``:
     plain passthrough; ``done``: aborted), the byte accounting for fail-open, :meth:`feed` and
     :meth:`release`. A subclass reads events in ``_event(ev, out)``, lets go of what it holds in
     ``_give_up(out)`` and decides what is still open at the end of the stream in

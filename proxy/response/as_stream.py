@@ -14,7 +14,7 @@ stream) and gives the agent the one ``chat.completion`` JSON object it asked for
   in place, or the members are inserted after the opening brace; nothing else is re-serialized
   (a big integer elsewhere keeps its digits).
 - :class:`Assembly`: the (guarded) SSE bytes in, the agent's answer out: the assembled
-  completion (:class:`proxy.assemble.CompletionAssembler`), or the upstream's own error when the
+  completion (:class:`proxy.response.assemble.CompletionAssembler`), or the upstream's own error when the
   stream carried one (``data: {"error": …}``, its bytes as they came), or a 502 when the stream
   stopped short.
 - :func:`stream_rejected`: the upstream refused the stream itself (``error.param`` ``stream`` or
@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from proxy.assemble import CompletionAssembler
-from proxy.sse import SSEFramer
+from proxy.response.assemble import CompletionAssembler
+from proxy.response.sse import SSEFramer
 
 #: Coarse tokens: one bracket, or a run of anything else (strings included, whole) up to the next
 #: bracket; used to count the nesting depth between a member and either end of the body.

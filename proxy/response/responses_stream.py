@@ -1,6 +1,6 @@
 """The response side of the OpenAI Responses API (issue 11), sans-I/O: a ``response`` object (JSON)
 or its SSE events in, what the agent receives out. The same decisions as for chat completions
-(:mod:`proxy.response`: the stop judge, the runaway cut, degenerate text), written for this wire.
+(:mod:`proxy.response.decide`: the stop judge, the runaway cut, degenerate text), written for this wire.
 
 SSE (:class:`ResponsesStreamGuard`): frames are ``event: <type>`` + ``data: {"type": <type>,
 "sequence_number": n, …}``; there is no ``[DONE]``. Events go to the agent as their exact upstream
@@ -17,14 +17,14 @@ bytes as soon as they are complete, except that from a call's ``response.output_
 - **Runaway** (too many calls, or too many identical ones, in one response) → as soon as a call
   past the limit starts (or an identical one completes), the upstream is closed; the kept calls'
   events are released and a ``response.completed`` listing exactly the items kept ends the stream.
-- **Degenerate text** (:mod:`proxy.degenerate`, in ``output_text`` or reasoning deltas) → the
+- **Degenerate text** (:mod:`proxy.response.degenerate`, in ``output_text`` or reasoning deltas) → the
   upstream is closed; held call events are dropped and ``response.incomplete``
   (``incomplete_details.reason: "max_output_tokens"``) ends the stream.
 - Once anything is dropped or inserted, every event after it is re-serialized with
   ``sequence_number`` renumbered (strictly increasing, no gaps from there) and ``output_index``
   mapped to the items the agent saw (the SDK's stream accumulator indexes its output list by it).
 - ``response.incomplete``, ``response.failed``, ``error``, an event that is not JSON or has no
-  ``type``, or an event past :data:`proxy.stream_guard.MAX_EVENT_BYTES` → everything held is
+  ``type``, or an event past :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` → everything held is
   released unchanged and the rest of the stream passes through unread.
 
 JSON (:func:`decide_json`): the same decisions on a whole ``response`` object. Stop → its
@@ -32,7 +32,7 @@ JSON (:func:`decide_json`): the same decisions on a whole ``response`` object. S
 message with one ``output_text`` part: the answer's text, a blank line and the stop text.
 
 The framing, the states and the byte accounting for fail-open are
-:class:`proxy.stream_guard.FramedGuard`'s, shared with the chat stream guard.
+:class:`proxy.response.stream_guard.FramedGuard`'s, shared with the chat stream guard.
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import jsonbody
 from proxy.actions import Action, Cut, Stop
-from proxy.assemble import AssembledCall
-from proxy.config import Config
-from proxy.degenerate import RepetitionDetector
-from proxy.response import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
-from proxy.response_store import Answer, answer_of
-from proxy.sse import SSEEvent, SSEFramer
-from proxy.stream_guard import MAX_EVENT_BYTES, FramedGuard
+from proxy.dialects import jsonbody
+from proxy.ops.config import Config
+from proxy.request.response_store import Answer, answer_of
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.response.degenerate import RepetitionDetector
+from proxy.response.sse import SSEEvent, SSEFramer
+from proxy.response.stream_guard import MAX_EVENT_BYTES, FramedGuard
 
 CALL_ITEMS = frozenset(("function_call", "custom_tool_call"))
 _ARG_DELTAS = frozenset(("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"))
@@ -124,7 +124,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
 def decide_json_answer(
     raw: bytes, judge: StopJudge | None, cfg: Config
 ) -> tuple[bytes | None, list[Action], Answer | None]:
-    """:func:`decide_json`, and the :class:`proxy.response_store.Answer` the agent gets (None when
+    """:func:`decide_json`, and the :class:`proxy.request.response_store.Answer` the agent gets (None when
     the body is not a response the store keeps)."""
     try:
         obj = jsonbody.decode(raw)
@@ -181,7 +181,7 @@ class _Held:
 
 
 class ResponsesStreamGuard(FramedGuard):
-    """One streamed Responses answer (the interface of :class:`proxy.stream_guard.FramedGuard`)."""
+    """One streamed Responses answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
     __slots__ = (
         "_base",
@@ -216,7 +216,7 @@ class ResponsesStreamGuard(FramedGuard):
         self._renumber = False
         self._client_items = 0  # output items the agent has seen added
         self._index_map: dict[int, int] = {}  # upstream output_index → the agent's
-        #: the answer as the agent gets it, once its final event is decided (proxy.response_store)
+        #: the answer as the agent gets it, once its final event is decided (proxy.request.response_store)
         self.answer: Answer | None = None
 
     def _end_of_stream(self, out: bytearray) -> None:
@@ -510,11 +510,11 @@ MAX_CAPTURE_BYTES = 64 * 1024 * 1024
 
 class ResponseCapture:
     """Reads a Responses answer the response side does not guard (its checks all off, or a body
-    compressed with ``gzip``/``deflate``), only to learn its :class:`proxy.response_store.Answer`
+    compressed with ``gzip``/``deflate``), only to learn its :class:`proxy.request.response_store.Answer`
     (``answer``): the bytes are relayed unchanged by the caller, this never holds or changes any.
     SSE (``sse``): the ``response.completed`` / ``response.incomplete`` event; JSON: the whole
     body, decoded at :meth:`finish`. Another encoding, an event past
-    :data:`proxy.stream_guard.MAX_EVENT_BYTES` or a body past :data:`MAX_CAPTURE_BYTES`: no answer.
+    :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` or a body past :data:`MAX_CAPTURE_BYTES`: no answer.
     """
 
     __slots__ = ("_body", "_framer", "_inflate", "_off", "answer", "complete")

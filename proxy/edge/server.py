@@ -1,35 +1,35 @@
 """HTTP edge (aiohttp): routes, app lifecycle, forwarding and relay.
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
-ledger, :mod:`proxy.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.forward`). ``POST …/chat/completions`` bodies go through
-the guards first (:func:`proxy.rewrite.decide_request`).
+ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
+is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions`` bodies go through
+the guards first (:func:`proxy.request.rewrite.decide_request`).
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
   chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded, except that
-  answers to chat completions go through the response side (:mod:`proxy.relay`: tool-call deltas
+  answers to chat completions go through the response side (:mod:`proxy.edge.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
   at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
   watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
   ``upstream.stream_json_requests`` a non-streaming chat request goes upstream as a stream and
-  its answer is assembled into JSON (:mod:`proxy.as_stream`, :func:`_relay_streamed`).
+  its answer is assembled into JSON (:mod:`proxy.response.as_stream`, :func:`_relay_streamed`).
 - Upstream unreachable: 502 with an OpenAI-style JSON error. Upstream closing mid-stream: an SSE
   stream gets a final ``data: {"error": …}`` event and the connection is closed without the
   terminating chunk, so the agent sees an error, never a silent success.
-- The agent side (:mod:`proxy.connections`, ``listen.*``): a request whose headers take longer
+- The agent side (:mod:`proxy.edge.connections`, ``listen.*``): a request whose headers take longer
   than ``header_timeout_s`` is closed, a body that stalls for ``body_timeout_s`` gets a 408, a
   connection past ``max_connections`` a 503 at once; a half-closed request (HTTP/1.0, or
   ``Connection: close``, then EOF) gets its answer.
 - Fail open: any exception inside the guards is logged (no content) and counted, and the original
   bytes are forwarded.
-- Responses ``previous_response_id`` chains (:mod:`proxy.response_store`): the store is looked up
+- Responses ``previous_response_id`` chains (:mod:`proxy.request.response_store`): the store is looked up
   by the request side and fed by the response side (the answer is kept before its last bytes
   reach the agent); an unknown id is counted in ``unguarded`` and logged once per chain
   (``unknown_previous_response``). Any error there fails open like the guards.
 - Circuit-breaker incidents of a request are recorded right after its decision
-  (:mod:`proxy.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
+  (:mod:`proxy.ops.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
 """
 
 from __future__ import annotations
@@ -47,17 +47,19 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import as_stream, connections, dialects, forward, relay
-from proxy.config import Config
+from proxy import dialects
 from proxy.dialects import openai_chat, openai_responses
+from proxy.edge import connections, forward, relay
 from proxy.guards import Guard, build_guards
-from proxy.incidents import IncidentLog
-from proxy.memory import Memory
-from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.metrics import Metrics
-from proxy.observe import SERVER_LOG, Stats, action_summary
-from proxy.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
-from proxy.rewrite import RequestDecision, decide_request
+from proxy.ops.config import Config
+from proxy.ops.incidents import IncidentLog
+from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.ops.metrics import Metrics
+from proxy.ops.observe import SERVER_LOG, Stats, action_summary
+from proxy.request.memory import Memory
+from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
+from proxy.request.rewrite import RequestDecision, decide_request
+from proxy.response import as_stream
 
 CONFIG_KEY = web.AppKey("config", Config)
 STATS_KEY = web.AppKey("stats", Stats)
@@ -67,9 +69,9 @@ SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 #: (upstream base URL without user info, ``Authorization`` value built from that user info or None)
 UPSTREAM_KEY = web.AppKey("upstream", tuple)
 INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
-#: Per-conversation memory of the turn guard and narration (proxy.memory / proxy.state).
+#: Per-conversation memory of the turn guard and narration (proxy.request.memory / proxy.request.state).
 MEMORY_KEY = web.AppKey("memory", Memory)
-#: The Responses API's previous_response_id chains (proxy.response_store).
+#: The Responses API's previous_response_id chains (proxy.request.response_store).
 RESPONSES_KEY = web.AppKey("responses_store", ResponseStore)
 #: Set when a shutdown began (SIGTERM/SIGINT): requests ended from now on are ended by it.
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
@@ -243,7 +245,7 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
         app[STATS_KEY].internal_errors += 1
         log.error("guard_error", error=type(exc).__name__, path=request.path)
         return RequestDecision(raw, (), False)
-    try:  # remember first-seen times, narration reminders, the ledger (proxy.memory)
+    try:  # remember first-seen times, narration reminders, the ledger (proxy.request.memory)
         memory.commit(decision, now_ms)
     except Exception as exc:  # fail open: a memory bug must not change the decision
         app[STATS_KEY].internal_errors += 1
@@ -385,7 +387,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
 def _as_stream(request: web.Request, decision: RequestDecision) -> bytes | None:
     """The body to send upstream as a stream (``upstream.stream_json_requests``,
-    :mod:`proxy.as_stream`), or None to send ``decision.body`` as it is. Fails open."""
+    :mod:`proxy.response.as_stream`), or None to send ``decision.body`` as it is. Fails open."""
     app = request.app
     if not app[CONFIG_KEY].upstream.stream_json_requests or _guarded(request) != "chat":
         return None
@@ -410,7 +412,7 @@ async def _forward(
     streamed: bytes | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the response; fills ``fields`` for the log line.
-    Answers to chat completions go through the response side (:mod:`proxy.relay`).
+    Answers to chat completions go through the response side (:mod:`proxy.edge.relay`).
     ``streamed``: the body as a stream request (``upstream.stream_json_requests``), sent instead
     of ``body``; its answer is assembled into JSON, and ``body`` is sent once more when the
     upstream refuses the stream or sends an empty one (:func:`_relay_streamed`)."""
@@ -570,7 +572,7 @@ async def _relay_streamed(
     fields: dict[str, Any],
 ) -> web.StreamResponse | None:
     """The agent's answer to a request sent upstream as a stream (``upstream.stream_json_requests``):
-    a 200 event stream assembled into one ``chat.completion`` (:func:`proxy.relay.relay_as_json`),
+    a 200 event stream assembled into one ``chat.completion`` (:func:`proxy.edge.relay.relay_as_json`),
     a 4xx passed through as it came, or None when the original request is to be sent once more
     (an empty event stream, or a 4xx that refuses the stream itself: ``stream_fallback``)."""
     app = request.app
@@ -615,7 +617,7 @@ async def _refused(
     request: web.Request, upstream: aiohttp.ClientResponse, fields: dict[str, Any]
 ) -> web.StreamResponse | None:
     """A 4xx answer to a request sent as a stream: None when it refuses the stream itself
-    (:func:`proxy.as_stream.stream_rejected`), else passed through as it came."""
+    (:func:`proxy.response.as_stream.stream_rejected`), else passed through as it came."""
     app = request.app
     raw = bytearray()
     try:

@@ -4,7 +4,7 @@ Every key is optional; unknown keys, wrong types and out-of-range values raise
 :class:`proxy.errors.ConfigError` naming the dotted key path (``guards.repeat_reminder.thresholds``).
 The defaults here are the ones documented in ``config/loopguard.yaml``. Precedence for the listen
 address and upstream: command-line flags, then ``LOOPGUARD_*`` environment variables, then the file,
-then these defaults (see :mod:`proxy.cli`).
+then these defaults (see :mod:`proxy.ops.cli`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _check_thresholds(thresholds: tuple[int, ...], key: str) -> None:
 
 @dataclass(frozen=True)
 class ListenConfig:
-    """The agent side (issue 14, items 1 and 4; :mod:`proxy.connections`). Seconds throughout.
+    """The agent side (issue 14, items 1 and 4; :mod:`proxy.edge.connections`). Seconds throughout.
 
     ``shutdown_grace_s``: on SIGTERM/SIGINT, how long requests in flight may take to finish
     before they are ended.
@@ -119,7 +119,7 @@ class UpstreamConfig:
     agent sends without ``"stream": true`` goes upstream as a stream (``"stream": true`` and, when
     the body has no ``stream_options``, ``"stream_options": {"include_usage": true}``, spliced
     into the bytes; ``Accept-Encoding`` dropped) and the answer is assembled into the one
-    ``chat.completion`` object the agent asked for (:mod:`proxy.as_stream`). Then an agent that
+    ``chat.completion`` object the agent asked for (:mod:`proxy.response.as_stream`). Then an agent that
     hangs up frees the model slot on servers that only notice a closed *stream*
     (llama-cpp-python), and the runaway and degenerate-text cuts apply as they do to streams. Off
     by default: the agent then gets JSON loopguard wrote, not the server's bytes, and some
@@ -500,7 +500,7 @@ STOP_PLACEHOLDERS = ("tool", "count", "limit", "kind", "denials")
 
 @dataclass(frozen=True)
 class StopConfig:
-    """Response side: end the agent's turn (DESIGN §6.4, :mod:`proxy.response`).
+    """Response side: end the agent's turn (DESIGN §6.4, :mod:`proxy.response.decide`).
 
     ``after_ignored_denials``: stop when the response has a call the guards would deny and the
     turn already has this many withheld results (0 = off). ``on_cap``: stop when a call would pass
@@ -522,7 +522,7 @@ class StopConfig:
 
 @dataclass(frozen=True)
 class DegenerateTextConfig:
-    """Streamed content or reasoning whose tail is one span repeated (:mod:`proxy.degenerate`):
+    """Streamed content or reasoning whose tail is one span repeated (:mod:`proxy.response.degenerate`):
     at least ``min_repeats`` copies of a span of 1..``max_period`` characters covering at least
     ``min_chars`` characters; fenced/indented code and table rows are not looked at."""
 
@@ -556,7 +556,7 @@ class ResponseConfig:
 
 @dataclass(frozen=True)
 class ResponsesStoreConfig:
-    """The Responses API's ``previous_response_id`` chains (issue 11, :mod:`proxy.response_store`).
+    """The Responses API's ``previous_response_id`` chains (issue 11, :mod:`proxy.request.response_store`).
 
     A request that names a ``previous_response_id`` sends only its new items; the upstream
     rebuilds the history. To guard it, loopguard keeps, per response id seen in an upstream

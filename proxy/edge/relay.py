@@ -1,6 +1,6 @@
 """The response side at the edge (aiohttp): relay a chat-completion or Responses answer through the
-guards (:mod:`proxy.stream_guard` / :mod:`proxy.response` for chat, :mod:`proxy.responses_answer`
-for the Responses API).
+guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
+:mod:`proxy.response.responses_stream` for the Responses API).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` and
 ``POST …/responses`` with status 200,
@@ -9,20 +9,20 @@ A compressed answer (``gzip`` …) is passed through untouched and unread: decom
 re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
 for compression get exactly what the upstream sent). Everything else is plain passthrough.
 
-- SSE (:func:`relay_sse`): each upstream read goes through :class:`proxy.stream_guard.StreamGuard`
+- SSE (:func:`relay_sse`): each upstream read goes through :class:`proxy.response.stream_guard.StreamGuard`
   and what it returns is written at once. On ``abort`` (runaway or degenerate cut) the upstream
   response is closed before the final bytes are written, so the server stops generating.
-- JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide_json`)
+- JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide.decide_json`)
   and then written, rewritten or as the original bytes.
 - Responses answers also tell the response store what the agent got
-  (:mod:`proxy.response_store`): ``ResponseSide.on_answer`` is called with the
-  :class:`proxy.response_store.Answer` as soon as it is known, *before* the bytes that end the
+  (:mod:`proxy.request.response_store`): ``ResponseSide.on_answer`` is called with the
+  :class:`proxy.request.response_store.Answer` as soon as it is known, *before* the bytes that end the
   answer are written (so the agent's next request, which may name its id, always finds it kept).
   When the response side reads nothing (its checks all off, a ``gzip``/``deflate`` body) and the
   store wants the answer, the bytes pass through unchanged while
-  :class:`proxy.responses_answer.ResponseCapture` reads them (kind ``observe``).
+  :class:`proxy.response.responses_stream.ResponseCapture` reads them (kind ``observe``).
 - A non-streaming request sent upstream as a stream (``upstream.stream_json_requests``,
-  :mod:`proxy.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
+  :mod:`proxy.response.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
   :class:`StreamGuard` (so runaway and degenerate cuts close the upstream at once), and what it
   lets through is assembled into the one JSON answer the agent asked for.
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
@@ -42,18 +42,18 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy import responses_answer
 from proxy.actions import Action, Stop
-from proxy.as_stream import Assembly
-from proxy.config import Config
 from proxy.guards import Context, Guard
-from proxy.incidents import IncidentLog
-from proxy.observe import Stats, action_summary
-from proxy.response import StopJudge, decide_json, earlier_stops
-from proxy.response_store import Answer, Chain
-from proxy.responses_answer import ResponseCapture, ResponsesStreamGuard
-from proxy.rewrite import RequestDecision
-from proxy.stream_guard import StreamGuard
+from proxy.ops.config import Config
+from proxy.ops.incidents import IncidentLog
+from proxy.ops.observe import Stats, action_summary
+from proxy.request.response_store import Answer, Chain
+from proxy.request.rewrite import RequestDecision
+from proxy.response import responses_stream as responses_answer
+from proxy.response.as_stream import Assembly
+from proxy.response.decide import StopJudge, decide_json, earlier_stops
+from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
+from proxy.response.stream_guard import StreamGuard
 
 log = structlog.get_logger("loopguard")
 
@@ -341,7 +341,7 @@ def record(
     chain: Chain | None = None,
 ) -> None:
     """Count and log the response side's actions; a stop that is the conversation's first (no
-    earlier stop in its history, :func:`proxy.response.earlier_stops`) is an incident. A
+    earlier stop in its history, :func:`proxy.response.decide.earlier_stops`) is an incident. A
     ``previous_response_id`` request's history is its kept ``chain``."""
     if not side.actions:
         return

@@ -1,0 +1,2 @@
+"""Operations: ``cli``, ``config``, ``observe`` (logging and stats), ``metrics``, ``incidents``,
+``demo``."""

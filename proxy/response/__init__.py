@@ -1,0 +1,7 @@
+"""The response side: the upstream's answer, read and decided on before it reaches the agent.
+
+``decide`` (the stop judge, the runaway cut, degenerate text), ``stream_guard`` (the shared
+stream loop and a chat-completions stream), ``responses_stream`` (a Responses API answer, JSON and
+SSE), ``assemble`` (tool-call deltas into calls), ``degenerate``, ``sse`` (the SSE framer),
+``as_stream`` (a non-streaming request sent upstream as a stream).
+"""
