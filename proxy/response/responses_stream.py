@@ -47,9 +47,9 @@ from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
 from proxy.ops.config import Config
 from proxy.request.response_store import Answer, answer_of
+from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
-from proxy.response.degenerate import RepetitionDetector
 from proxy.response.sse import SSEEvent, SSEFramer
 from proxy.response.stream_guard import MAX_EVENT_BYTES, FramedGuard
 
@@ -184,19 +184,17 @@ class ResponsesStreamGuard(FramedGuard):
     """One streamed Responses answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
     __slots__ = (
+        "_answer",
         "_base",
         "_calls",
         "_client_items",
-        "_content",
         "_done_calls",
         "_held",
         "_index_map",
         "_item_call",
         "_items",
-        "_reasoning",
         "_renumber",
         "_seq",
-        "_text",
         "answer",
     )
 
@@ -208,10 +206,7 @@ class ResponsesStreamGuard(FramedGuard):
         self._done_calls = 0
         self._items: dict[int, dict[str, Any]] = {}  # upstream output_index → finished item
         self._base: dict[str, Any] = {}
-        self._text: list[str] = []
-        dcfg = cfg.response.degenerate_text
-        self._content = RepetitionDetector(dcfg) if dcfg.enabled else None
-        self._reasoning = RepetitionDetector(dcfg) if dcfg.enabled else None
+        self._answer = AnswerState(cfg, judge)  # the text and the decisions (proxy.response.answer)
         self._seq: int | None = None  # the last sequence_number the agent got
         self._renumber = False
         self._client_items = 0  # output items the agent has seen added
@@ -311,36 +306,24 @@ class ResponsesStreamGuard(FramedGuard):
 
     def _text_cut(self, kind: str, obj: dict[str, Any]) -> Cut | None:
         delta = obj.get("delta")
-        if not isinstance(delta, str) or not delta:
+        if not isinstance(delta, str):
             return None
         if kind == "response.output_text.delta":
-            self._text.append(delta)
-            detector, reason = self._content, "content"
-        elif kind in _REASONING_DELTAS:
-            detector, reason = self._reasoning, "reasoning"
-        else:
-            return None
-        rep = detector.feed(delta) if detector is not None else None
-        if rep is None:
-            return None
-        return Cut(DEGENERATE_RULE, "", rep.repeats, self._cfg.response.degenerate_text.min_repeats, reason)
+            return self._answer.text(delta)
+        if kind in _REASONING_DELTAS:
+            return self._answer.text(delta, reasoning=True)
+        return None
 
     def _runaway(self) -> Cut | None:
-        cfg = self._cfg.response
-        if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
-            return None
-        return runaway_cut(self._calls, cfg, self._done_calls)
+        return self._answer.runaway(self._calls, self._done_calls)
 
     # --- decisions --------------------------------------------------------------------------------
 
     def _decide(self, out: bytearray) -> None:
         """``response.completed`` arrived (it is the last held event)."""
-        cut = self._runaway()
-        kept = self._calls[: cut.count] if cut else self._calls
+        _, cut, stop = self._answer.decide(self._calls)
         if cut is not None:
             self.actions.append(cut)
-        text = "".join(self._text)
-        stop = self._judge(kept, text) if self._judge is not None else None
         if stop is not None:
             self.actions.append(stop)
             self._render(out, drop=set(range(len(self._calls))), stop=stop)
@@ -455,7 +438,7 @@ class ResponsesStreamGuard(FramedGuard):
     def _emit_stop(self, stop: Stop, out: bytearray) -> dict[str, Any]:
         """The stop message's events; returns its finished item."""
         self._renumber = True
-        text = f"\n\n{stop.text}" if "".join(self._text).strip() else stop.text
+        text = f"\n\n{stop.text}" if self._answer.said.strip() else stop.text
         item = stop_message(text)
         iid = item["id"]
         oi = self._client_items

@@ -28,21 +28,18 @@ decided (forwarded, replaced or dropped). If anything here raises, the edge forw
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
 from proxy.ops.config import Config
+from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall, CallAssembler
 from proxy.response.decide import (
-    DEGENERATE_RULE,
     REASONING_FIELDS,
     StopJudge,
-    runaway_cut,
 )
-from proxy.response.degenerate import RepetitionDetector
 from proxy.response.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
@@ -71,15 +68,10 @@ class _Held:
 
 @dataclass(slots=True)
 class _Choice:
+    answer: AnswerState  # the choice's text and the decisions on it (proxy.response.answer)
     calls: CallAssembler = field(default_factory=CallAssembler)
-    content: RepetitionDetector | None = None
-    reasoning: RepetitionDetector | None = None
-    text_seen: bool = False
-    text: list[str] = field(default_factory=list)  # content so far, for the monologue stop
     finished: bool = False
     pending: bool = False  # call deltas held, no decision yet
-    complete: int = 0  # calls known to be complete
-    keys: Counter[tuple[str, str]] = field(default_factory=Counter)
     # the decision
     drop_calls: bool = False
     finish_reason: str | None = None
@@ -239,14 +231,14 @@ class StreamGuard(FramedGuard):
             if (isinstance(tcs, list) and tcs) or isinstance(delta.get("function_call"), dict):
                 calls.add(ci)
                 ch.pending = True
-                if ch.calls.add(delta) and runaway is None:
-                    rc = self._runaway(ch, len(ch.calls.calls) - 1)
+                if ch.calls.add(delta) and runaway is None:  # a call started: the ones before are complete
+                    rc = ch.answer.runaway(ch.calls.calls, len(ch.calls.calls) - 1)
                     runaway = (ci, rc) if rc else None
             if part.get("finish_reason") is not None:
                 self.complete = True
                 finished.add(ci)
                 ch.finished = True
-                if not ch.pending and ch.text_seen and getattr(self._judge, "on_text_only", False):
+                if not ch.pending and ch.answer.text_seen and getattr(self._judge, "on_text_only", False):
                     calls.add(ci)  # hold this finish: the judge may stop a text-only answer (monologue)
                     ch.pending = True
         self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), out)
@@ -263,37 +255,19 @@ class StreamGuard(FramedGuard):
     def _choice(self, ci: int) -> _Choice:
         ch = self._choices.get(ci)
         if ch is None:
-            dcfg = self._cfg.response.degenerate_text
-            ch = _Choice()
-            if dcfg.enabled:
-                ch.content, ch.reasoning = RepetitionDetector(dcfg), RepetitionDetector(dcfg)
-            self._choices[ci] = ch
+            ch = self._choices[ci] = _Choice(AnswerState(self._cfg, self._judge))
         return ch
 
-    def _texts(self, ch: _Choice, delta: dict[str, Any]) -> Cut | None:
+    @staticmethod
+    def _texts(ch: _Choice, delta: dict[str, Any]) -> Cut | None:
+        """The delta's content and reasoning fields, to the choice's answer; the first cut."""
         found: Cut | None = None
         for key in ("content", *REASONING_FIELDS):
             text = delta.get(key)
-            if not isinstance(text, str) or not text:
-                continue
-            if key == "content":
-                ch.text_seen = True
-                ch.text.append(text)
-            det = ch.content if key == "content" else ch.reasoning
-            rep = det.feed(text) if det is not None else None
-            if rep is not None and found is None:
-                reason = "content" if key == "content" else "reasoning"
-                limit = self._cfg.response.degenerate_text.min_repeats
-                found = Cut(DEGENERATE_RULE, "", rep.repeats, limit, reason)
+            if isinstance(text, str):
+                cut = ch.answer.text(text, reasoning=key != "content")
+                found = found or cut
         return found
-
-    def _runaway(self, ch: _Choice, complete: int) -> Cut | None:
-        """Runaway check once ``complete`` calls of the choice are complete."""
-        cfg = self._cfg.response
-        if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
-            return None
-        ch.complete = max(ch.complete, complete)
-        return runaway_cut(ch.calls.calls, cfg, ch.complete)
 
     # --- decisions --------------------------------------------------------------------------------
 
@@ -303,16 +277,9 @@ class StreamGuard(FramedGuard):
         if not ch.pending:
             return
         ch.pending = False
-        calls = ch.calls.calls
-        if cut is None:
-            cut = self._runaway(ch, len(calls))
-        kept = calls[: cut.count] if cut else calls
+        kept, cut, stop = ch.answer.decide(ch.calls.calls, cut)
         if cut is not None:
             self.actions.append(cut)
-        text_only = not calls and ch.text_seen
-        stop = (
-            self._judge(kept, "".join(ch.text)) if self._judge is not None and (kept or text_only) else None
-        )
         if stop is not None:
             self.actions.append(stop)
             ch.drop_calls = True
@@ -420,7 +387,7 @@ class StreamGuard(FramedGuard):
         return sse({**(self._base or {}), "choices": [choice]})
 
     def _content_chunk(self, ci: int, ch: _Choice, stop: Stop) -> bytes:
-        text = f"\n\n{stop.text}" if ch.text_seen else stop.text
+        text = f"\n\n{stop.text}" if ch.answer.text_seen else stop.text
         return self._chunk(ci, {"content": text})
 
     def _call_chunk(self, ci: int, k: int, call: AssembledCall) -> bytes:
