@@ -189,18 +189,22 @@ class ResponsesStreamGuard(FramedGuard):
         "_calls",
         "_client_items",
         "_done_calls",
-        "_held",
+        "_drop",
         "_index_map",
         "_item_call",
         "_items",
+        "_open",
         "_renumber",
         "_seq",
+        "_stop",
         "answer",
     )
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
-        self._held: list[_Held] = []
+        self._open = False  # a call's events are held, no decision yet
+        self._drop: set[int] = set()  # the decision: calls whose events are dropped
+        self._stop: Stop | None = None  # ... and the stop message written before response.completed
         self._calls: list[AssembledCall] = []
         self._item_call: dict[Any, int] = {}  # item id / output_index → call index
         self._done_calls = 0
@@ -256,7 +260,8 @@ class ResponsesStreamGuard(FramedGuard):
             changed = mine is not upstream and isinstance(upstream, dict)
             self.answer = answer_of(mine, upstream.get("output") if changed else None)
             return
-        self._hold_or_emit(held, out)
+        self._open = self._open or call is not None
+        self._hold_or_emit(held, call is not None, out)
         cut = self._text_cut(kind, obj)
         if cut is not None:
             self.actions.append(cut)
@@ -326,43 +331,20 @@ class ResponsesStreamGuard(FramedGuard):
             self.actions.append(cut)
         if stop is not None:
             self.actions.append(stop)
-            self._render(out, drop=set(range(len(self._calls))), stop=stop)
-        elif cut is not None:
-            self._render(out, drop=set(range(cut.count, len(self._calls))))
+            self._settle(out, drop=set(range(len(self._calls))), stop=stop)
         else:
-            for h in self._held:
-                self._emit_event(h, out)
-            self._held.clear()
+            self._settle(out, drop=set(range(cut.count, len(self._calls))) if cut else set())
 
-    def _render(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
-        """Release the held events without those of the dropped calls; before the final
-        ``response.completed``, the stop message's events; that event's output rewritten."""
-        completed = (
-            self._held.pop() if self._held and self._is(self._held[-1], "response.completed") else None
-        )
-        for h in self._held:
-            if h.call is not None and h.call in drop:
-                self.settled += len(h.raw)
-                self._renumber = True  # the agent's output indexes shift from here
-                continue
-            self._emit_event(h, out)
-        self._held.clear()
-        message = self._emit_stop(stop, out) if stop is not None else None
-        if completed is not None and completed.obj is not None:
-            response = completed.obj.get("response")
-            if isinstance(response, dict):
-                response = dict(response)
-                output = response.get("output") if isinstance(response.get("output"), list) else []
-                stop_items = [message] if message is not None else []
-                response["output"] = [*_without_calls(output, drop), *stop_items]
-                completed.obj["response"] = response
-            self._renumber = True
-            self._emit_event(completed, out)
+    def _settle(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
+        """The decision: release the held events (:meth:`_write` drops those of the calls in
+        ``drop`` and writes the stop message before ``response.completed``)."""
+        self._drop, self._stop, self._open = drop, stop, False
+        self._release(out)
 
     def _abort_runaway(self, cut: Cut, out: bytearray) -> None:
         self.actions.append(cut)
         drop = set(range(cut.count, len(self._calls)))
-        self._render(out, drop)
+        self._settle(out, drop)
         output = _without_calls([item for _, item in sorted(self._items.items())], drop)
         self._renumber = True
         response = {**self._base, "status": "completed", "output": output}
@@ -371,7 +353,7 @@ class ResponsesStreamGuard(FramedGuard):
         self._end()
 
     def _abort_incomplete(self, out: bytearray) -> None:
-        self._render(out, drop=set(range(len(self._calls))))
+        self._settle(out, drop=set(range(len(self._calls))))
         output = [item for _, item in sorted(self._items.items()) if item.get("type") not in CALL_ITEMS]
         response = {
             **self._base,
@@ -389,9 +371,7 @@ class ResponsesStreamGuard(FramedGuard):
         self.complete = True
 
     def _give_up(self, out: bytearray) -> None:
-        for h in self._held:
-            self._emit_event(h, out)
-        self._held.clear()
+        self._settle(out, drop=set())  # everything held goes out unchanged
         self._state = "pass"
 
     # --- output -----------------------------------------------------------------------------------
@@ -400,11 +380,28 @@ class ResponsesStreamGuard(FramedGuard):
     def _is(h: _Held, kind: str) -> bool:
         return h.obj is not None and h.obj.get("type") == kind
 
-    def _hold_or_emit(self, held: _Held, out: bytearray) -> None:
-        if self._held or held.call is not None:
-            self._held.append(held)
-        else:
-            self._emit_event(held, out)
+    def _pending(self) -> bool:
+        return self._open
+
+    def _write(self, h: _Held, out: bytearray) -> None:
+        """The encoder: a held event as the decision left it. The events of dropped calls are
+        left out (the agent's output indexes shift from there); before ``response.completed``
+        the stop message, and that event's output lists what the agent got."""
+        if h.call is not None and h.call in self._drop:
+            self.settled += len(h.raw)
+            self._renumber = True
+            return
+        if (self._drop or self._stop) and self._is(h, "response.completed") and h.obj is not None:
+            message = self._emit_stop(self._stop, out) if self._stop is not None else None
+            response = h.obj.get("response")
+            if isinstance(response, dict):
+                response = dict(response)
+                output = response.get("output") if isinstance(response.get("output"), list) else []
+                stop_items = [message] if message is not None else []
+                response["output"] = [*_without_calls(output, self._drop), *stop_items]
+                h.obj["response"] = response
+            self._renumber = True
+        self._emit_event(h, out)
 
     def _emit_event(self, h: _Held, out: bytearray) -> None:
         obj = h.obj
@@ -424,12 +421,12 @@ class ResponsesStreamGuard(FramedGuard):
         if isinstance(oi, int):
             obj["output_index"] = self._index_map.get(oi, oi)
         self.settled += len(h.raw)
-        self._write(obj, out)
+        self._write_obj(obj, out)
 
     def _synth(self, obj: dict[str, Any], out: bytearray) -> None:
-        self._write(obj, out)
+        self._write_obj(obj, out)
 
-    def _write(self, obj: dict[str, Any], out: bytearray) -> None:
+    def _write_obj(self, obj: dict[str, Any], out: bytearray) -> None:
         if "sequence_number" in obj or self._seq is not None:
             self._seq = 0 if self._seq is None else self._seq + 1
             obj["sequence_number"] = self._seq
@@ -479,7 +476,7 @@ class ResponsesStreamGuard(FramedGuard):
             },
             {"type": "response.output_item.done", "output_index": oi, "item": item},
         ):
-            self._write(
+            self._write_obj(
                 {"type": ev["type"], "sequence_number": 0, **{k: v for k, v in ev.items() if k != "type"}},
                 out,
             )

@@ -96,14 +96,21 @@ class FramedGuard:
     :meth:`release`. A subclass reads events in ``_event(ev, out)``, lets go of what it holds in
     ``_give_up(out)`` and decides what is still open at the end of the stream in
     ``_end_of_stream(out)``; all three write to ``out`` through :meth:`_emit` (or count what they
-    replace in ``settled`` themselves)."""
+    replace in ``settled`` themselves).
 
-    __slots__ = ("_cfg", "_framer", "_judge", "_state", "actions", "complete", "received", "settled")
+    Holding is the same for every wire too: an event carrying tool-call parts is held, and so is
+    every event after a held one, to keep the byte order (:meth:`_hold_or_emit`); once no answer
+    is pending (``_pending()``), the held events go out in order through the dialect's encoder,
+    ``_write(held, out)``, which writes each unchanged or as the decisions rewrote it
+    (:meth:`_release`)."""
+
+    __slots__ = ("_cfg", "_framer", "_held", "_judge", "_state", "actions", "complete", "received", "settled")
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         self._cfg = cfg
         self._judge = judge
         self._framer = SSEFramer()
+        self._held: list[Any] = []  # events held for a decision, in stream order
         self._state = "inspect"  # | "pass" (plain passthrough) | "done" (aborted)
         #: the fresh response-side actions taken so far
         self.actions: list[Action] = []
@@ -166,6 +173,28 @@ class FramedGuard:
         out += raw
         self.settled += len(raw)
 
+    def _hold_or_emit(self, held: Any, calls: bool, out: bytearray) -> None:
+        """Hold ``held`` when it carries call parts (``calls``) or something is held already;
+        else it goes out now."""
+        if self._held or calls:
+            self._held.append(held)
+        else:
+            self._write(held, out)
+
+    def _release(self, out: bytearray) -> None:
+        """Every held event, through the encoder, once no answer is pending."""
+        if self._pending():
+            return
+        held, self._held = self._held, []
+        for h in held:
+            self._write(h, out)
+
+    def _pending(self) -> bool:
+        raise NotImplementedError
+
+    def _write(self, held: Any, out: bytearray) -> None:
+        raise NotImplementedError
+
     def _event(self, ev: SSEEvent, out: bytearray) -> None:
         raise NotImplementedError
 
@@ -179,11 +208,10 @@ class FramedGuard:
 class StreamGuard(FramedGuard):
     """One streamed chat completion."""
 
-    __slots__ = ("_base", "_choices", "_held")
+    __slots__ = ("_base", "_choices")
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
-        self._held: list[_Held] = []
         self._choices: dict[int, _Choice] = {}
         self._base: dict[str, Any] | None = None
 
@@ -191,12 +219,12 @@ class StreamGuard(FramedGuard):
 
     def _event(self, ev: SSEEvent, out: bytearray) -> None:
         if ev.data is None:
-            self._hold_or_emit(_Held(ev.raw), out)
+            self._hold_or_emit(_Held(ev.raw), False, out)
             return
         if ev.data.strip() == "[DONE]":
             self.complete = True
             self._end_all(out)
-            self._hold_or_emit(_Held(ev.raw), out)
+            self._hold_or_emit(_Held(ev.raw), False, out)
             return
         try:
             obj = jsonbody.decode(ev.data)
@@ -241,7 +269,7 @@ class StreamGuard(FramedGuard):
                 if not ch.pending and ch.answer.text_seen and getattr(self._judge, "on_text_only", False):
                     calls.add(ci)  # hold this finish: the judge may stop a text-only answer (monologue)
                     ch.pending = True
-        self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), out)
+        self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), bool(calls), out)
         if runaway is not None:
             self._abort(out, runaway=runaway)
         elif cut is not None:
@@ -250,7 +278,7 @@ class StreamGuard(FramedGuard):
         else:
             for ci in sorted(finished):
                 self._decide(ci)
-            self._flush(out)
+            self._release(out)
 
     def _choice(self, ci: int) -> _Choice:
         ch = self._choices.get(ci)
@@ -298,7 +326,7 @@ class StreamGuard(FramedGuard):
         replaced choices that never sent a ``finish_reason``."""
         for ci in sorted(self._choices):
             self._decide(ci)
-        self._flush(out)
+        self._release(out)
         self._finish_open(out, None)
 
     def _abort(self, out: bytearray, runaway: tuple[int, Cut] | None = None) -> None:
@@ -312,7 +340,7 @@ class StreamGuard(FramedGuard):
                 ch.drop_calls = True
                 ch.finish_reason = "length"
                 ch.insert = []
-        self._flush(out)
+        self._release(out)
         self._finish_open(out, "length")
         out += DONE
         self._state = "done"
@@ -333,24 +361,18 @@ class StreamGuard(FramedGuard):
     def _give_up(self, out: bytearray) -> None:
         for ch in self._choices.values():
             ch.pending = False  # undecided calls go out unchanged
-        self._flush(out)
+        self._release(out)
         self._state = "pass"
 
     # --- output -----------------------------------------------------------------------------------
 
-    def _hold_or_emit(self, held: _Held, out: bytearray) -> None:
-        if self._held or held.call_choices:
-            self._held.append(held)
-        else:
-            self._emit(held.raw, out)
+    def _pending(self) -> bool:
+        return any(ch.pending for ch in self._choices.values())
 
-    def _flush(self, out: bytearray) -> None:
-        if any(ch.pending for ch in self._choices.values()):
-            return
-        for h in self._held:
-            out += self._render(h)
-            self.settled += len(h.raw)
-        self._held.clear()
+    def _write(self, held: _Held, out: bytearray) -> None:
+        """The encoder: a held event as the decisions left it (:meth:`_render`)."""
+        out += self._render(held)
+        self.settled += len(held.raw)
 
     def _render(self, h: _Held) -> bytes:
         if h.obj is None:
