@@ -1,6 +1,9 @@
 """The response side of the OpenAI Responses API (issue 11), sans-I/O: a ``response`` object (JSON)
-or its SSE events in, what the agent receives out. The same decisions as for chat completions
-(:mod:`proxy.response.decide`: the stop judge, the runaway cut, degenerate text), written for this wire.
+or its SSE events in, what the agent receives out. The decisions are the shared ones
+(:class:`proxy.response.answer.AnswerState`: the stop judge, the runaway cut, degenerate text), and
+so are the framing, the holding and the byte accounting (:class:`proxy.response.stream_guard.
+FramedGuard`); this module is the wire: its decoder (``_event``, ``_track``) and encoder
+(``_write``, the stop message, the endings).
 
 SSE (:class:`ResponsesStreamGuard`): frames are ``event: <type>`` + ``data: {"type": <type>,
 "sequence_number": n, …}``; there is no ``[DONE]``. Events go to the agent as their exact upstream

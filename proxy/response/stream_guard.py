@@ -1,8 +1,20 @@
-"""The response side of a streamed chat completion, sans-I/O: upstream bytes in, agent bytes out.
+"""Streamed answers, sans-I/O: upstream bytes in, agent bytes out.
 
-:class:`StreamGuard` reads the upstream's SSE events (:mod:`proxy.response.sse`) and decides what the agent
-receives. The edge (:mod:`proxy.edge.relay`) writes whatever :meth:`StreamGuard.feed` returns and, when
-the output says ``abort``, closes the upstream request at once.
+One layer for every wire (DESIGN §2.1), in three parts:
+
+- :class:`FramedGuard` (here): the SSE framing (:mod:`proxy.response.sse`), the states, the
+  holding and release of events, and the byte accounting for fail-open, written once;
+- a dialect's *decoder* (its subclass's ``_event``): what an event says, told to an
+  :class:`~proxy.response.answer.AnswerState` per answer (text and reasoning deltas, calls started
+  and complete, the finish), which runs the stop judge, the runaway rule and the degenerate-text
+  check, also written once;
+- the dialect's *encoder* (``_write`` and the endings): what a held event becomes after the
+  decision, and the events that end a stopped or cut answer.
+
+:class:`StreamGuard` is the chat-completions guard; the Responses API's is
+:class:`proxy.response.responses_stream.ResponsesStreamGuard`. The edge (:mod:`proxy.edge.relay`)
+writes whatever :meth:`FramedGuard.feed` returns and, when the output says ``abort``, closes the
+upstream request at once. For chat completions:
 
 - Events are forwarded as their exact upstream bytes, as soon as they are complete, except that
   **tool-call deltas are held** until the decision at the end of their choice (its
