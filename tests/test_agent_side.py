@@ -327,9 +327,9 @@ def test_fd_limit_raised_to_fit_max_connections(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
     monkeypatch.setattr(resource, "setrlimit", lambda _, v: calls.append(v))
     connections.ensure_fd_limit(1024)
-    assert calls == [(1024 + connections.FD_RESERVE, 4096)]
+    assert calls == [(2 * 1024 + connections.FD_RESERVE, 4096)]  # agent and upstream connections
     calls.clear()
-    connections.ensure_fd_limit(500)  # 500 + reserve fits in 1024: untouched
+    connections.ensure_fd_limit(400)  # 2 * 400 + reserve fits in 1024: untouched
     assert calls == []
 
 
@@ -351,7 +351,7 @@ def test_fd_limit_too_low_is_warned_about(
             "level": "warning",
             "soft": 512,
             "hard": 512,
-            "needed": 1024 + connections.FD_RESERVE,
+            "needed": 2 * 1024 + connections.FD_RESERVE,
             "max_connections": 1024,
             "hint": "raise the limit (ulimit -n) or lower listen.max_connections",
         }

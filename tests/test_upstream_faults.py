@@ -13,12 +13,15 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.edge.server import start
 from proxy.ops.config import Config
-from tests.fakes import repeated_call_messages
+from tests.conftest import ProxyFactory
+from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.proxy_server import proxy_config
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -283,3 +286,35 @@ async def test_a_stream_cut_midway_ends_with_the_error_event_and_a_broken_connec
     assert not got.endswith(b"0\r\n\r\n")  # no final chunk: the agent sees a broken stream
     assert (stats["upstream_errors"], stats["internal_errors"]) == (1, 0)
     assert elapsed < 2
+
+
+async def test_more_concurrent_requests_than_aiohttps_default_pool_all_reach_the_upstream(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """120 requests at once to an upstream that answers none until all 120 have arrived: with
+    aiohttp's default pool (100) the 101st waited for a free connection with no timeout, so none
+    was ever answered; the pool now holds one upstream connection per agent connection."""
+    n = 120
+    arrived = asyncio.Event()
+    seen = 0
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            arrived.set()
+        await arrived.wait()
+        return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    upstream.handler = handler
+    base = await make_proxy()
+    body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1)})
+
+    async def one(session: aiohttp.ClientSession) -> bytes:
+        async with session.post(base + CHAT, data=body) as r:
+            return await r.read()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        got = await asyncio.wait_for(asyncio.gather(*(one(session) for _ in range(n))), 30)
+    assert got == [b'{"ok":true}'] * n
+    assert seen == n

@@ -62,10 +62,10 @@ AIOHTTP_INTERNALS = {
 REFUSED_LINGER_S = 2.0
 #: A ``connection_limit`` warning at most this often (seconds), with the count refused since.
 REFUSED_LOG_EVERY_S = 10.0
-#: File descriptors the process needs besides the agents' connections: aiohttp's upstream pool
-#: (``TCPConnector`` default limit, 100), the listening socket, the event loop, stdio, the
-#: incident log, refused connections while they linger.
-FD_RESERVE = 100 + 128
+#: File descriptors the process needs besides the agents' connections and one upstream connection
+#: per agent connection (the upstream pool's limit is ``listen.max_connections``): the listening
+#: socket, the event loop, stdio, the incident log, refused connections while they linger.
+FD_RESERVE = 128
 
 
 def error_body(message: str, type_: str, code: int) -> bytes:
@@ -324,14 +324,14 @@ def adopt(server: web.Server, max_connections: int, header_timeout_s: float | No
 
 def ensure_fd_limit(max_connections: int) -> None:
     """Raise the soft ``RLIMIT_NOFILE`` (up to the hard one) so ``max_connections`` agent
-    connections plus :data:`FD_RESERVE` fit; warn (``fd_limit_low``) when they cannot. Without
-    it, running out of descriptors makes every accept fail and asyncio stop accepting for a
-    second at a time: new agents hang instead of being told."""
+    connections, as many upstream ones, plus :data:`FD_RESERVE` fit; warn (``fd_limit_low``)
+    when they cannot. Without it, running out of descriptors makes every accept fail and asyncio
+    stop accepting for a second at a time: new agents hang instead of being told."""
     try:
         import resource
     except ImportError:  # pragma: no cover - not on POSIX
         return
-    need = max_connections + FD_RESERVE
+    need = 2 * max_connections + FD_RESERVE  # each agent connection, and its upstream one
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return

@@ -663,6 +663,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         total=None, sock_connect=up.connect_timeout_s, sock_read=up.read_timeout_s
     )
     app[SESSION_KEY] = aiohttp.ClientSession(
+        # one upstream connection per agent connection: a request never waits for a pooled one
+        # (aiohttp's default pool of 100 made the 101st concurrent request wait with no timeout)
+        connector=aiohttp.TCPConnector(limit=app[CONFIG_KEY].listen.max_connections, limit_per_host=0),
         timeout=timeout,
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
