@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects import jsonbody
 from proxy.response.assemble import CompletionAssembler
 from proxy.response.sse import SSEFramer
 
@@ -85,8 +86,7 @@ def top_level_values(raw: bytes, name: str) -> list[tuple[int, int]]:
             top = _closes_at(raw, m.end()) == end
         if not top:
             continue
-        value_end = _value_end(raw, m.end())
-        spans.append((m.end(), value_end))
+        spans.append((m.end(), jsonbody.value_end(raw, m.end())))
     return spans
 
 
@@ -96,41 +96,6 @@ def _last_brace(raw: bytes) -> int:
     while end > 0 and raw[end] in _WS:
         end -= 1
     return end
-
-
-def _value_end(raw: bytes, start: int) -> int:
-    """The end of the member value starting at ``start`` (at the top level): the next ``,`` or
-    the closing brace at that level, whitespace before it excluded."""
-    depth = 0
-    stop = len(raw)
-    for m in _COARSE.finditer(raw, start):
-        c = raw[m.start()]
-        if c in b"{[":
-            depth += 1
-        elif c in b"}]":
-            depth -= 1
-            if depth < 0:
-                stop = m.start()
-                break
-        elif depth == 0:
-            comma = _first_comma(m.group())
-            if comma >= 0:
-                stop = m.start() + comma
-                break
-    while stop > start and raw[stop - 1] in _WS:
-        stop -= 1
-    return stop
-
-
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|,')
-
-
-def _first_comma(run: bytes) -> int:
-    """The offset of the first ``,`` outside strings in a run of non-bracket bytes, or -1."""
-    for m in _STRING.finditer(run):
-        if m.group() == b",":
-            return m.start()
-    return -1
 
 
 def stream_request(raw: bytes, parsed: bool = False) -> bytes | None:
