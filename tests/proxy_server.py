@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -34,3 +38,30 @@ async def serve(
         yield f"http://127.0.0.1:{port}", runner.app
     finally:
         await runner.cleanup()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def serve_process(
+    upstream_url: str,
+    port: int,
+    config: Path,
+    extra: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+    **streams: Any,
+) -> asyncio.subprocess.Process:
+    """The real ``python -m proxy serve`` as a child process (``prefix``: a wrapper such as
+    ``unshare …``; ``extra``: more CLI arguments; ``streams``: ``stdout``/``stderr`` as for
+    :func:`asyncio.create_subprocess_exec`), unbuffered, run from the project root."""
+    argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port)]
+    return await asyncio.create_subprocess_exec(
+        *prefix,
+        *argv,
+        "--config",
+        str(config),
+        *extra,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        **streams,
+    )

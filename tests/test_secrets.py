@@ -24,9 +24,7 @@ lines, incidents), so that an empty or broken log cannot pass.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -37,8 +35,8 @@ import orjson
 from aiohttp import web
 
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
+from tests.proxy_server import serve_process
 
-ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "SECRET-MARKER"
 UID = uuid.uuid4().hex
 MARKER = f"{PREFIX}-{UID}"
@@ -389,24 +387,7 @@ async def start_proxy(upstream_url: str, tmp_path: Path) -> tuple[Any, str, Path
     )
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("wb") as o, err.open("wb") as e:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--upstream",
-            upstream_url,
-            "--port",
-            str(port),
-            "--config",
-            str(cfg),
-            "--log-level",
-            "debug",
-            cwd=ROOT,
-            stdout=o,
-            stderr=e,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        proc = await serve_process(upstream_url, port, cfg, ["--log-level", "debug"], stdout=o, stderr=e)
     for _ in range(400):
         if b'"listening"' in err.read_bytes() or proc.returncode is not None:
             break

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ import pytest
 from aiohttp import web
 
 from tests.fakes import FakeUpstream, repeated_call_messages, sse_events
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.proxy_server import serve_process
 
 
 def free_port() -> int:
@@ -50,23 +48,8 @@ async def serve(upstream_url: str, tmp_path: Path, grace_s: float, pid1: bool) -
     port = free_port()
     cfg = tmp_path / "lg.yaml"
     cfg.write_text(f"listen: {{shutdown_grace_s: {grace_s}}}\n")
-    argv = [
-        sys.executable,
-        "-m",
-        "proxy",
-        "serve",
-        "--upstream",
-        upstream_url,
-        "--port",
-        str(port),
-        "--config",
-        str(cfg),
-    ]
-    if pid1:
-        argv = ["unshare", "--pid", "--fork", "--kill-child", *argv]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=ROOT, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    prefix = ["unshare", "--pid", "--fork", "--kill-child"] if pid1 else []
+    proc = await serve_process(upstream_url, port, cfg, prefix=prefix, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     line = await asyncio.wait_for(proc.stderr.readline(), 20)
     assert b'"listening"' in line, line
