@@ -1,17 +1,20 @@
-"""The response side at the edge (aiohttp): relay a chat-completion or Responses answer through the
-guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
-:mod:`proxy.response.responses_stream` for the Responses API).
+"""The response side at the edge (aiohttp): relay a chat-completion, Responses or Messages answer
+through the guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
+:mod:`proxy.response.responses_stream` for the Responses API, :mod:`proxy.response.messages_stream`
+for Anthropic Messages).
 
-Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` and
-``POST …/responses`` with status 200,
+Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
+``POST …/responses`` and ``POST …/messages`` with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
 A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
 re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
 for compression get exactly what the upstream sent). Everything else is plain passthrough.
 
-- SSE (:func:`relay_sse`): each upstream read goes through :class:`proxy.response.stream_guard.StreamGuard`
-  and what it returns is written at once. On ``abort`` (runaway or degenerate cut) the upstream
-  response is closed before the final bytes are written, so the server stops generating.
+- SSE (:func:`relay_sse`): each upstream read goes through the wire's stream guard
+  (:class:`proxy.response.stream_guard.StreamGuard` for chat, ``ResponsesStreamGuard``,
+  ``MessagesStreamGuard``) and what it returns is written at once. On ``abort`` (runaway or
+  degenerate cut) the upstream response is closed before the final bytes are written, so the
+  server stops generating.
 - JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide.decide_json`)
   and then written, rewritten or as the original bytes.
 - Responses answers also tell the response store what the agent got
@@ -49,11 +52,13 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
+from proxy.response import messages_stream
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
 from proxy.response.decide import StopJudge, decide_json, earlier_stops
+from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
-from proxy.response.stream_guard import StreamGuard
+from proxy.response.stream_guard import FramedGuard, StreamGuard
 
 log = structlog.get_logger("loopguard")
 
@@ -65,7 +70,8 @@ class ResponseSide:
     kind: str  # "sse" | "json" | "observe" (read for the store only, relayed unchanged)
     cfg: Config
     judge: StopJudge | None
-    #: the answer's wire: ``chat`` (chat completions) or ``responses`` (the Responses API)
+    #: the answer's wire: ``chat`` (chat completions), ``responses`` (the Responses API) or
+    #: ``messages`` (Anthropic Messages)
     wire: str = "chat"
     actions: list[Action] = field(default_factory=list)
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
@@ -107,7 +113,7 @@ def plan(
     on_answer: Callable[[Answer], None] | None = None,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
-    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None.
+    the answer's wire (``"chat"``, ``"responses"``, ``"messages"``; True means chat), or False/None.
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted)."""
     if not guarded or upstream.status != 200:
         return None
@@ -144,13 +150,20 @@ def failed(stats: Stats, where: str, exc: Exception) -> None:
     log.error("response_guard_error", error=type(exc).__name__, where=where)
 
 
+#: The stream guard of each answer wire (``ResponseSide.wire``); chat completions by default.
+_STREAM_GUARDS: dict[str, type[FramedGuard]] = {
+    "responses": ResponsesStreamGuard,
+    "messages": MessagesStreamGuard,
+}
+
+
 async def relay_sse(
     upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    kind = ResponsesStreamGuard if side.wire == "responses" else StreamGuard
-    guard: StreamGuard | ResponsesStreamGuard | None = kind(side.cfg, side.judge)
+    kind = _STREAM_GUARDS.get(side.wire, StreamGuard)
+    guard: FramedGuard | None = kind(side.cfg, side.judge)
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
@@ -228,6 +241,8 @@ async def relay_json(
         if side.wire == "responses":
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
             side.answered(answer, stats)
+        elif side.wire == "messages":
+            new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         else:
             new, actions = decide_json(raw, side.judge, side.cfg)
         side.actions.extend(actions)

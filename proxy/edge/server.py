@@ -115,6 +115,7 @@ def _trace_config() -> aiohttp.TraceConfig:
     trace.on_connection_reuseconn.append(_note_reuse)
     return trace
 
+
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
@@ -205,9 +206,15 @@ async def stats(request: web.Request) -> web.Response:
 
 def _error_event(request: web.Request, message: str, type_: str, code: int) -> bytes:
     """The SSE event that ends a broken stream: ``data: {"error": …}`` for chat completions, an
-    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API."""
-    if _guarded(request) == "responses":
-        obj = {"type": "error", "code": type_, "message": message, "param": None}
+    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API, an
+    ``error`` event (``{"type": "error", "error": {"type", "message"}}``, Anthropic's form, which
+    its SDK raises as an API error) for Messages."""
+    wire = _guarded(request)
+    if wire == "responses":
+        obj: dict[str, Any] = {"type": "error", "code": type_, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
+    if wire == "messages":
+        obj = {"type": "error", "error": {"type": type_, "message": message}}
         return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
     return b"data: " + _error_body(message, type_, code) + b"\n\n"
 
@@ -217,12 +224,20 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
     return dialects.for_path(request.path) if request.method == "POST" else None
 
 
+#: The request path suffix of the Anthropic Messages dialect (its module's ``PATH_SUFFIX``): its
+#: answers are read as Messages (:mod:`proxy.response.messages_stream`).
+MESSAGES_SUFFIX = "/messages"
+
+
 def _guarded(request: web.Request) -> str | None:
-    """The wire of the answer the response side reads (``chat``, ``responses``), or None."""
+    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
+    None."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
-    return "responses" if dialect is openai_responses else None
+    if dialect is openai_responses:
+        return "responses"
+    return "messages" if dialect is not None and dialect.PATH_SUFFIX == MESSAGES_SUFFIX else None
 
 
 def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
