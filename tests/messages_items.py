@@ -37,6 +37,19 @@ def _pieces(s: str) -> list[str]:
     return ["", s[:half], s[half:]] if s else [""]
 
 
+def tool_use_events(index: int, call: Call) -> list[bytes]:
+    """One ``tool_use`` block at ``index``: its start (``input: {}``), ``partial_json`` ``""`` then
+    the input in two halves, its stop."""
+    cid, name, args = call
+    block = {"type": "tool_use", "id": cid, "name": name, "input": {}}
+    out = [event({"type": "content_block_start", "index": index, "content_block": block})]
+    for piece in _pieces(args):
+        delta = {"type": "input_json_delta", "partial_json": piece}
+        out.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
+    out.append(event({"type": "content_block_stop", "index": index}))
+    return out
+
+
 def message_events(
     calls: list[Call],
     text: str | None = None,
@@ -82,13 +95,8 @@ def message_events(
             out.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
         out.append(event({"type": "content_block_stop", "index": index}))
         index += 1
-    for cid, name, args in calls:
-        block = {"type": "tool_use", "id": cid, "name": name, "input": {}}
-        out.append(event({"type": "content_block_start", "index": index, "content_block": block}))
-        for piece in _pieces(args):
-            delta = {"type": "input_json_delta", "partial_json": piece}
-            out.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
-        out.append(event({"type": "content_block_stop", "index": index}))
+    for call in calls:
+        out += tool_use_events(index, call)
         if pings:
             out.append(event({"type": "ping"}))
         index += 1
