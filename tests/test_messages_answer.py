@@ -6,6 +6,7 @@ tests do not depend on :mod:`proxy.dialects.anthropic_messages`)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import types
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,8 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy import dialects
 from proxy.actions import Stop
@@ -321,6 +324,20 @@ def test_a_text_only_answer_the_judge_stops_gets_the_stop_block() -> None:
         ("message_stop",),
     ]
     assert [a.kind for a in guard.actions] == ["stop"]
+
+
+def test_a_stop_at_message_stop_without_message_delta_writes_one() -> None:
+    events = [*message_events([LOOP], pings=False)[:-2], event({"type": "message_stop"})]
+    out, guard, _ = run(events, Judge(STOP))
+    assert shape(parse(out)) == [
+        ("message_start",),
+        ("content_block_start", 0, "text"),
+        ("content_block_delta", 0, "text_delta", "[loopguard] Stopped."),
+        ("content_block_stop", 0),
+        ("message_delta", "end_turn", 1),
+        ("message_stop",),
+    ]
+    assert guard.complete
 
 
 # --- SSE: runaway --------------------------------------------------------------------------------------
@@ -728,3 +745,124 @@ async def test_a_messages_stream_cut_by_the_upstream_ends_with_the_anthropic_err
             "message": "loopguard: upstream closed the stream before it finished",
         },
     }
+
+
+# --- property: any stream, any reads, any decision ---------------------------------------------------------
+
+_TEXTS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_BLOCK = st.one_of(
+    st.tuples(st.just("text"), _TEXTS),
+    st.tuples(st.just("thinking"), _TEXTS),
+    st.tuples(
+        st.just("tool"), st.sampled_from(['{"path": "app.py"}', '{"path": "b.py"}', "", '{"a": [1, "é"]}'])
+    ),
+    st.tuples(st.just("server"), st.just('{"q": 1}')),
+)
+FUZZ = settings(
+    derandomize=True, deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def fuzz_stream(blocks: list[tuple[str, str]], pings: list[bool]) -> tuple[list[bytes], int]:
+    """A stream of ``blocks`` (a ``ping`` after block k when ``pings[k]``); its tool_use count."""
+    out = [message_events([])[0]]
+    calls = 0
+    for k, (kind, value) in enumerate(blocks):
+        if kind == "tool":
+            out += tool_use_events(k, (f"toolu_{k}", "read_file", value))
+            calls += 1
+        elif kind == "server":
+            block = {"type": "server_tool_use", "id": f"srvtoolu_{k}", "name": "web_search", "input": {}}
+            out.append(event({"type": "content_block_start", "index": k, "content_block": block}))
+            delta = {"type": "input_json_delta", "partial_json": value}
+            out.append(event({"type": "content_block_delta", "index": k, "delta": delta}))
+            out.append(event({"type": "content_block_stop", "index": k}))
+        else:
+            start = {"type": kind, kind: ""}
+            out.append(event({"type": "content_block_start", "index": k, "content_block": start}))
+            delta = {"type": f"{kind}_delta", kind: value}
+            out.append(event({"type": "content_block_delta", "index": k, "delta": delta}))
+            out.append(event({"type": "content_block_stop", "index": k}))
+        if pings[k % len(pings)]:
+            out.append(b": keep-alive\n\n" if k % 2 else event({"type": "ping"}))
+    return [*out, *message_events([], stop_reason="tool_use" if calls else "end_turn")[-2:]], calls
+
+
+def check_grammar(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the SDK's accumulator relies on: ``message_start`` first, blocks started at 0, 1, 2, …
+    in order, deltas and stops only for open blocks, ``message_delta`` (with usage) then
+    ``message_stop`` last. Returns the blocks as started."""
+    assert events[0]["type"] == "message_start"
+    started: list[dict[str, Any]] = []
+    open_: set[int] = set()
+    for e in events[1:-2]:
+        if e["type"] == "content_block_start":
+            assert e["index"] == len(started)
+            started.append(e["content_block"])
+            open_.add(e["index"])
+        elif e["type"] in ("content_block_delta", "content_block_stop"):
+            assert e["index"] in open_
+            if e["type"] == "content_block_stop":
+                open_.remove(e["index"])
+        else:
+            assert e["type"] == "ping"
+    assert not open_
+    assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
+    assert isinstance(events[-2]["usage"]["output_tokens"], int)
+    return started
+
+
+def frames(stream: bytes) -> list[dict[str, Any]]:
+    return parse(b"".join(f + b"\n\n" for f in stream.split(b"\n\n") if f and not f.startswith(b":")))
+
+
+@FUZZ
+@given(
+    blocks=st.lists(_BLOCK, max_size=7),
+    pings=st.lists(st.booleans(), min_size=1, max_size=4),
+    reads=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    decision=st.sampled_from(["none", "stop", "runaway"]),
+)
+def test_any_stream_any_reads_gives_the_bytes_or_a_stream_the_sdk_reads(
+    blocks: list[tuple[str, str]], pings: list[bool], reads: list[int], decision: str
+) -> None:
+    events, calls = fuzz_stream(blocks, pings)
+    raw = b"".join(events)
+    cfg = (
+        with_limits(max_calls_per_response=1)
+        if decision == "runaway"
+        else with_limits(max_identical_per_response=0)
+    )
+    guard = MessagesStreamGuard(cfg, Judge(STOP if decision == "stop" else None))
+    out = bytearray()
+    pos = 0
+    for n in itertools.cycle(reads):
+        if pos >= len(raw) or guard.aborted:
+            break
+        o = guard.feed(raw[pos : pos + n])
+        pos += n
+        out += o.data
+        assert raw.startswith(bytes(out)) or guard.actions  # unchanged so far: a prefix of the bytes
+    out += guard.finish()
+    assert guard.settled == guard.received
+    asked = calls > 0 or any(kind == "text" and value for kind, value in blocks)  # the judge is asked
+    if decision == "none" or (decision == "runaway" and calls <= 1) or (decision == "stop" and not asked):
+        assert (bytes(out), guard.actions) == (raw, [])
+        return
+    got = frames(bytes(out))
+    started = check_grammar(got)
+    reason = got[-2]["delta"]["stop_reason"]
+    if decision == "stop":
+        assert [a.kind for a in guard.actions] == ["stop"]
+        assert [b["type"] for b in started] == [
+            b[0] if b[0] != "server" else "server_tool_use" for b in blocks if b[0] != "tool"
+        ] + ["text"]
+        assert (got[-3]["type"], reason) == ("content_block_stop", "end_turn")
+        said = "".join(b[1] for b in blocks if b[0] == "text")
+        assert got[-4]["delta"]["text"] == (
+            "\n\n[loopguard] Stopped." if said.strip() else "[loopguard] Stopped."
+        )
+    else:
+        assert [(a.rule, a.count) for a in guard.actions] == [("runaway", 1)]
+        assert [b["type"] for b in started].count("tool_use") == 1
+        assert reason == "tool_use"
