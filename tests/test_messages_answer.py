@@ -212,6 +212,22 @@ def test_nothing_is_held_before_the_first_tool_use() -> None:
     assert got[-1] == REALISTIC[-1]  # message_stop: after the decision, passed as it came
 
 
+def test_a_tool_input_sent_whole_in_the_block_start_is_the_calls_arguments() -> None:
+    # a server that puts the whole input in content_block_start and sends no input_json_delta
+    block = {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "app.py"}}
+    events = message_events([])
+    events = [
+        events[0],
+        event({"type": "content_block_start", "index": 0, "content_block": block}),
+        event({"type": "content_block_stop", "index": 0}),
+        *events[-2:],
+    ]
+    judge = Judge(None)
+    out, _, _ = run(events, judge)
+    assert out == b"".join(events)
+    assert judge.seen == [([("toolu_1", "read_file", '{"path":"app.py"}')], "")]
+
+
 # --- SSE: stop -------------------------------------------------------------------------------------------
 
 
@@ -718,6 +734,40 @@ async def test_sdk_messages_loop_is_stopped_through_the_server(
     assert said == f"Reading it again.\n\n{LOOP_STOP}"
     assert final.stop_reason == "end_turn"
     assert [r.path_qs for r in upstream.requests] == ["/v1/messages"]
+
+
+async def test_sdk_messages_runaway_is_cut_through_the_server(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, messages_dialect: None
+) -> None:
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in message_events([LOOP] * 4):  # max_identical_per_response: 2
+            try:
+                await resp.write(ev)
+            except ConnectionResetError:
+                break
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    client = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+    try:
+        async with client.messages.stream(
+            model="m",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "Fix app.py"}],
+            extra_body={"x_chat": repeated_call_messages(1)},
+        ) as s:
+            async for _ in s:
+                pass
+            final = await s.get_final_message()
+    finally:
+        await client.close()
+    assert [(b.type, b.id, b.input) for b in final.content] == [
+        ("tool_use", "toolu_9", {"path": "app.py"})
+    ] * 2
+    assert final.stop_reason == "tool_use"
 
 
 async def test_a_messages_stream_cut_by_the_upstream_ends_with_the_anthropic_error_event(
