@@ -107,9 +107,11 @@ def plan(
     on_answer: Callable[[Answer], None] | None = None,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
-    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None.
-    ``on_answer``: the response store's hook for a Responses answer (None: not wanted)."""
-    if not guarded or upstream.status != 200:
+    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None; an
+    Anthropic Messages answer (``"messages"``) is relayed as it comes until its response side is
+    wired (issue 12). ``on_answer``: the response store's hook for a Responses answer (None: not
+    wanted)."""
+    if not guarded or guarded == "messages" or upstream.status != 200:
         return None
     ctype = upstream.content_type
     if ctype == "text/event-stream":

@@ -2,8 +2,11 @@
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
 ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions`` bodies go through
-the guards first (:func:`proxy.request.rewrite.decide_request`).
+is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
+``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
+(:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
+``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
+upstream as it came (hop-by-hop ones aside) and is never logged.
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
@@ -48,7 +51,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config
@@ -205,9 +208,15 @@ async def stats(request: web.Request) -> web.Response:
 
 def _error_event(request: web.Request, message: str, type_: str, code: int) -> bytes:
     """The SSE event that ends a broken stream: ``data: {"error": …}`` for chat completions, an
-    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API."""
-    if _guarded(request) == "responses":
+    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API, an
+    ``error`` event (``{"type": "error", "error": {"type": "api_error", "message"}}``) for
+    Anthropic Messages (https://docs.anthropic.com/en/docs/build-with-claude/streaming)."""
+    wire = _guarded(request)
+    if wire == "responses":
         obj = {"type": "error", "code": type_, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
+    if wire == "messages":
+        obj = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
     return b"data: " + _error_body(message, type_, code) + b"\n\n"
 
@@ -218,10 +227,13 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
 
 
 def _guarded(request: web.Request) -> str | None:
-    """The wire of the answer the response side reads (``chat``, ``responses``), or None."""
+    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
+    None."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
+    if dialect is anthropic_messages:
+        return "messages"
     return "responses" if dialect is openai_responses else None
 
 
