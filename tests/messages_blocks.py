@@ -246,6 +246,24 @@ def back_to_messages(
     return out
 
 
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Chat ``tools`` (``{"type": "function", "function": {...}}``) as Messages tools
+    (``{"name", "description", "input_schema"}``)."""
+    if not tools:
+        return tools
+    out = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict):
+            tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
+            if "description" in fn:
+                tool["description"] = fn["description"]
+            out.append(tool)
+        else:
+            out.append(t)
+    return out
+
+
 # --- answers ------------------------------------------------------------------------------------
 
 
