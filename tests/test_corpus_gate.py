@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.corpus import Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
 from tests import messages_blocks
+from tests.corpus import Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
 from tests.responses_items import back_to_messages, trace_items
 
 FIXTURES = load_fixtures()
