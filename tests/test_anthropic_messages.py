@@ -23,7 +23,7 @@ from proxy.request.rewrite import NOT_CHAT, decide_request
 from proxy.transcript import Said, Step, ToolResult
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
-from tests.messages_blocks import messages_body
+from tests.messages_blocks import message_events, messages_body
 
 CFG = Config()
 GUARDS = build_guards(
@@ -482,3 +482,42 @@ async def test_server_guards_messages_requests_and_passes_the_rest(
     assert answers == [(200, ANSWER)] * 5  # answers relayed as they came (the answer side: msgs-answer)
     assert (stats["guarded_requests"], stats["rewritten_requests"], stats["results_withheld"]) == (2, 1, 1)
     assert stats["unguarded"] == {NOT_CHAT: 1, "not_json": 1}
+
+
+async def test_a_messages_stream_cut_midway_ends_with_an_anthropic_error_event(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """The upstream dies after ``message_start``: the agent gets what came, then an Anthropic
+    ``error`` event (``{"type": "error", "error": {"type", "message"}}``, what the SDKs raise from),
+    and a broken transfer, never a clean end."""
+    start = message_events({"content": "hello"}, "msg_cut")[0]
+    assert start.startswith(b"event: message_start\n")
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(start)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy()
+    raw = json.dumps({**messages_body(repeated_call_messages(1)), "stream": True}).encode()
+    got = b""
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base}/v1/messages?beta=true", data=raw) as r:
+            assert r.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async for chunk in r.content.iter_any():
+                    got += chunk
+        async with s.get(f"{base}/loop-guard") as r:
+            stats = await r.json()
+    assert got.startswith(start)
+    event, data = got[len(start) :].split(b"\n", 1)
+    assert event == b"event: error"
+    assert orjson.loads(data.removeprefix(b"data: ")) == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "loopguard: upstream closed the stream before it finished"},
+    }
+    assert (stats["upstream_errors"], stats["internal_errors"]) == (1, 0)
