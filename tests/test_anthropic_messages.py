@@ -146,6 +146,36 @@ def test_what_starts_a_turn_in_a_user_message(
     assert (t.user_positions, t.newest_step) == (users, newest)
 
 
+@pytest.mark.parametrize(
+    ("tail", "newest"),
+    [
+        pytest.param([], 0, id="results_last"),
+        pytest.param(
+            [{"role": "system", "content": "The user hasn't heard from you."}],
+            0,
+            id="system_note_after_results",
+        ),
+        pytest.param([{"role": "user", "content": "stop"}], None, id="user_after_results"),
+        pytest.param([{"role": "assistant", "content": "Done."}], None, id="assistant_after_results"),
+    ],
+)
+def test_a_system_note_after_the_results_still_ends_with_that_step(
+    tail: list[Any], newest: int | None
+) -> None:
+    """Claude Code puts ``"role": "system"`` notes between a step's results and the next answer."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [use("t1")]},
+        {"role": "user", "content": [result("t1")]},
+        *tail,
+    ]
+    t = parse_request({"messages": messages})
+    assert (t.newest_step, t.message_count, t.user_positions[:1]) == (newest, 3 + len(tail), (0,))
+    assert [s.kind for s in slots(messages)][3:] == [
+        {"system": "other", "user": "user", "assistant": "assistant"}[m["role"]] for m in tail
+    ]
+
+
 def test_result_without_id_answers_the_oldest_waiting_call_of_the_latest_step() -> None:
     messages = [
         {"role": "user", "content": "go"},

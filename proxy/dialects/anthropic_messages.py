@@ -23,7 +23,12 @@ dialect would see them, so that the same conversation gets the same positions in
   FIRST"), and text there is new input the model reads after them;
 - a result pairs with the first call still waiting with its ``tool_use_id`` (without an id: the
   oldest waiting call of the latest step, as in chat). ``is_error: true`` is the failure flag
-  (``ToolResult.is_error``); anything else leaves failures to the text (:mod:`proxy.failures`).
+  (``ToolResult.is_error``); anything else leaves failures to the text (:mod:`proxy.failures`);
+- a message of any other role is one slot the guards do not read, and, unlike a chat ``system``
+  message, it does not end the step before it: the API has no such role, and Claude Code sends
+  ``"role": "system"`` notes there ("The user hasn't heard from you in a while…" after every 5th
+  step without text, measured with Claude Code 2.1.332), after a step's results, so the request
+  still answers that step (:attr:`proxy.transcript.Transcript.newest_step`).
 
 Writes (:func:`apply`, byte edits: :func:`proxy.dialects.edits.replace_member` and
 :func:`proxy.dialects.edits.append_text`; only the edited spans change, so ``thinking`` blocks and
@@ -211,8 +216,7 @@ def parse_request(body: Any) -> Transcript:
             users.append(pos)
             said.append(Said(pos, "user", content_text(content)))
             last_kind = "user"
-        else:
-            last_kind = "other"
+        # any other role (Claude Code's "system" notes) is read as nothing: the end stays as it was
 
     return build(calls, steps, users, texts, len(layout), last_kind == "step", said)
 
