@@ -11,13 +11,15 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from proxy.actions import Remind, Withhold
 from proxy.dialects import anthropic_messages, for_path, openai_chat, openai_responses
 from proxy.dialects.anthropic_messages import Slot, apply, parse_request, slots
 from proxy.errors import DialectError
 from proxy.guards import build_guards
-from proxy.ops.config import Config
+from proxy.ops.config import Config, build
 from proxy.request.conversation import conversation_key
 from proxy.request.rewrite import NOT_CHAT, decide_request
 from proxy.transcript import Said, Step, ToolResult
@@ -551,3 +553,132 @@ async def test_a_messages_stream_cut_midway_ends_with_an_anthropic_error_event(
         "error": {"type": "api_error", "message": "loopguard: upstream closed the stream before it finished"},
     }
     assert (stats["upstream_errors"], stats["internal_errors"]) == (1, 0)
+
+
+# --- random bodies -------------------------------------------------------------------------------------
+
+FUZZ_GUARDS = (
+    GUARDS,
+    build_guards(
+        build(Config, {"guards": {"repeat_reminder": {"inject_as": "tool_suffix"}}}).guards,
+        CFG.progress.compiled(),
+        CFG.progress.effects(),
+        CFG.progress.continuations(),
+    ),
+)
+_ids = st.sampled_from(["t1", "t2", "t3", None])
+_text_block = st.builds(
+    lambda t, cc: text(t, **cc),
+    st.text(max_size=8),
+    st.sampled_from([{}, {"cache_control": {"type": "ephemeral"}}]),
+)
+_content = st.one_of(st.text(max_size=8), st.lists(_text_block, max_size=2), st.none())
+_result = st.builds(
+    lambda cid, content, err, missing: {
+        k: v
+        for k, v in {"type": "tool_result", "tool_use_id": cid, "content": content, "is_error": err}.items()
+        if v is not None or k == "type" or (k == "content" and not missing)
+    },
+    _ids,
+    _content,
+    st.sampled_from([None, True, False]),
+    st.booleans(),
+)
+_use = st.builds(
+    lambda cid, path: {**use(cid or "t1"), "input": {"path": path}}, _ids, st.sampled_from(["a", "b"])
+)
+_other_block = st.sampled_from(
+    [
+        THINKING,
+        {"type": "redacted_thinking", "data": "x"},
+        {"type": "image", "source": {}},
+        {"type": "mystery", "x": [1, {"y": None}]},
+    ]
+)
+_message = st.one_of(
+    st.builds(
+        lambda c: {"role": "user", "content": c},
+        st.one_of(st.text(max_size=8), st.lists(st.one_of(_result, _text_block, _other_block), max_size=3)),
+    ),
+    st.builds(
+        lambda c: {"role": "assistant", "content": c},
+        st.one_of(st.text(max_size=8), st.lists(st.one_of(_use, _text_block, _other_block), max_size=3)),
+    ),
+    st.just({"role": "system", "content": "note"}),
+)
+#: The looping tail: the same call and result again and again, so the guards act.
+_LOOP = [
+    m
+    for n in range(8)
+    for m in (
+        {"role": "assistant", "content": [use(f"L{n}", "Read", {"path": "x"})]},
+        {"role": "user", "content": [result(f"L{n}", "same", cache_control={"type": "ephemeral"})]},
+    )
+]
+
+
+def _without_text_blocks_added(before: list[Any], after: list[Any]) -> bool:
+    """``after`` is ``before`` with ``text`` blocks inserted (none removed, the rest in order)."""
+    i = 0
+    for b in after:
+        if i < len(before) and b == before[i]:
+            i += 1
+        elif not (isinstance(b, dict) and b.get("type") == "text"):
+            return False
+    return i == len(before)
+
+
+@settings(derandomize=True, deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_message, max_size=6),
+    st.booleans(),
+    st.sampled_from([None, 2]),
+    st.sampled_from(FUZZ_GUARDS),
+)
+def test_random_bodies_change_only_results_and_add_only_text(
+    head: list[dict[str, Any]], loop: bool, indent: int | None, guards: Any
+) -> None:
+    """Random Messages bodies: :func:`decide_request` never raises; no change is the very ``raw``
+    object; a change keeps every assistant message, every block but a result's ``content``, and
+    every other member of a result, and adds only ``text`` blocks (or a user message of them)."""
+    messages = [{"role": "user", "content": "go"}, *head, *(_LOOP if loop else [])]
+    body = {"model": "m", "max_tokens": 5, "messages": messages, "seed": 18446744073709551617}
+    raw = json.dumps(body, indent=indent).encode()
+    d = decide_request(raw, {}, guards, (), dialect=anthropic_messages)
+    assert d.unguarded is None
+    event("changed" if d.changed else "unchanged")
+    if not d.changed:
+        assert d.body is raw
+        return
+    got = json.loads(d.body)
+    assert {k: v for k, v in got.items() if k != "messages"} == {
+        k: v for k, v in body.items() if k != "messages"
+    }
+    out = iter(got["messages"])
+    for m in messages:
+        a = next(out)
+        while (
+            a != m
+            and a["role"] == "user"
+            and m["role"] != "user"
+            and all(b["type"] == "text" for b in a["content"])
+        ):
+            a = next(out)  # a reminder after an assistant message
+        if m["role"] != "user" or not isinstance(m["content"], list):
+            assert a == m or (
+                m["role"] == "user"
+                and a["content"].startswith(m["content"])
+                and "[loopguard]" in a["content"]
+            )
+            continue
+        results = [b for b in a["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+        sent = [b for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+        assert [{k: v for k, v in b.items() if k != "content"} for b in results] == [
+            {k: v for k, v in b.items() if k != "content"} for b in sent
+        ]
+        others = [b for b in a["content"] if b not in results]
+        assert _without_text_blocks_added([b for b in m["content"] if b not in sent], others)
+    assert [
+        m for m in out if not (m["role"] == "user" and all(b["type"] == "text" for b in m["content"]))
+    ] == []
+    assert d.body.startswith(raw[: raw.index(b'"messages"')])  # the bytes before: the same

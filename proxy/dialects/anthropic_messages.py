@@ -270,6 +270,8 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     if start is None or raw[start : start + 1] != b"[":
         return None
     spans = jsonbody.items(raw, start, messages)
+    if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
+        return None
     message_fields: dict[int, dict[str, tuple[int, int]]] = {}
     block_spans: dict[int, list[tuple[int, int]]] = {}
 
