@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from proxy import dialects
 from proxy.actions import Stop
-from proxy.dialects import openai_chat
+from proxy.dialects import anthropic_messages, openai_chat
 from proxy.edge import relay, server
 from proxy.guards import Context, build_guards, evaluate
 from proxy.ops.config import Config, build
@@ -652,8 +652,8 @@ def test_json_that_is_not_a_message_is_left_alone(raw: bytes) -> None:
 
 STAND_IN = types.SimpleNamespace(
     PATH_SUFFIX="/messages",
-    # the request side is another module's (proxy.dialects.anthropic_messages); this stand-in
-    # reads the history the test sends along as chat messages, and rewrites nothing
+    # in place of proxy.dialects.anthropic_messages: reads the history the test sends along as
+    # chat messages (so these tests pin the answer side alone), and rewrites nothing
     parse_request=lambda body: openai_chat.parse_request({"messages": body["x_chat"]}),
     apply=lambda raw, actions, body=None: None,
 )
@@ -661,9 +661,10 @@ STAND_IN = types.SimpleNamespace(
 
 @pytest.fixture
 def messages_dialect(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``…/messages`` guarded by the stand-in dialect (any real Messages dialect set aside)."""
-    kept = tuple(d for d in dialects.REGISTRY if d.PATH_SUFFIX != "/messages")
+    """``…/messages`` guarded by the stand-in dialect (the real Messages dialect set aside)."""
+    kept = tuple(d for d in dialects.REGISTRY if d is not anthropic_messages)
     monkeypatch.setattr(dialects, "REGISTRY", (*kept, STAND_IN))
+    monkeypatch.setattr(server, "anthropic_messages", STAND_IN)
 
 
 def test_the_messages_wire_is_chosen_by_the_dialects_path_suffix(messages_dialect: None) -> None:

@@ -2,8 +2,11 @@
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
 ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions`` bodies go through
-the guards first (:func:`proxy.request.rewrite.decide_request`).
+is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
+``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
+(:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
+``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
+upstream as it came (hop-by-hop ones aside) and is never logged.
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
@@ -48,7 +51,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config
@@ -224,20 +227,15 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
     return dialects.for_path(request.path) if request.method == "POST" else None
 
 
-#: The request path suffix of the Anthropic Messages dialect (its module's ``PATH_SUFFIX``): its
-#: answers are read as Messages (:mod:`proxy.response.messages_stream`).
-MESSAGES_SUFFIX = "/messages"
-
-
 def _guarded(request: web.Request) -> str | None:
     """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
     None."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
-    if dialect is openai_responses:
-        return "responses"
-    return "messages" if dialect is not None and dialect.PATH_SUFFIX == MESSAGES_SUFFIX else None
+    if dialect is anthropic_messages:
+        return "messages"
+    return "responses" if dialect is openai_responses else None
 
 
 def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
