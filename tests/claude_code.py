@@ -153,15 +153,21 @@ class ClaudeRun:
         return json.loads(self.stdout)
 
 
-def environment(base_url: str, home: Path) -> dict[str, str]:
+#: The two ways to give Claude Code a key (:func:`environment`'s ``auth``).
+AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # sent as ``Authorization: Bearer <key>``
+API_KEY = "ANTHROPIC_API_KEY"  # sent as ``x-api-key: <key>``
+
+
+def environment(base_url: str, home: Path, auth: str = AUTH_TOKEN) -> dict[str, str]:
     """The whole environment of a run: ``base_url`` is loopguard's (or the fake's) root, no
-    ``/v1``; ``home`` a fresh directory for ``HOME`` and the config."""
+    ``/v1``; ``home`` a fresh directory for ``HOME`` and the config; ``auth`` the variable that
+    holds :data:`FAKE_TOKEN` (:data:`AUTH_TOKEN` or :data:`API_KEY`)."""
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
         "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_AUTH_TOKEN": FAKE_TOKEN,
+        auth: FAKE_TOKEN,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "NO_PROXY": "*",
         "LANG": "C.UTF-8",
@@ -177,10 +183,11 @@ async def run_claude(
     allowed_tools: Sequence[str] = ALLOWED_TOOLS,
     timeout: float = 120,
     prefix: Sequence[str] = (),
+    auth: str = AUTH_TOKEN,
 ) -> ClaudeRun:
-    """``claude -p`` in ``workdir`` against ``base_url`` (see :func:`environment`), printing JSON;
-    ``prefix`` wraps the command (e.g. ``strace …``). The whole process group is killed at
-    ``timeout`` seconds (``returncode`` None then)."""
+    """``claude -p`` in ``workdir`` against ``base_url`` (see :func:`environment`, also for
+    ``auth``), printing JSON; ``prefix`` wraps the command (e.g. ``strace …``). The whole process
+    group is killed at ``timeout`` seconds (``returncode`` None then)."""
     home.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
@@ -193,7 +200,7 @@ async def run_claude(
         "--output-format",
         "json",
         cwd=workdir,
-        env=environment(base_url, home),
+        env=environment(base_url, home, auth),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
