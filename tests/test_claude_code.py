@@ -28,7 +28,7 @@ from tests.claude_code import (
     version_of,
 )
 from tests.conftest import ProxyFactory
-from tests.fake_messages import Block, FakeMessages, text, tool_use
+from tests.fake_messages import Block, FakeMessages, text, thinking, tool_use
 from tests.fakes import FakeUpstream
 from tests.tcp_tap import Tap, http_messages, tap
 
@@ -116,6 +116,23 @@ def reminders(body: dict[str, Any]) -> list[str]:
 
 def roles(body: dict[str, Any]) -> list[str]:
     return [m["role"] for m in body["messages"]]
+
+
+def undo_edits(got: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """``got`` (what reached the model) without loopguard's reminder blocks, its withheld results'
+    contents put back from ``sent`` (what the agent sent), for comparing the two."""
+    out = json.loads(json.dumps(got))
+    originals = {r["tool_use_id"]: r["content"] for r in results(sent)}
+    for m in out["messages"]:
+        if m["role"] != "user" or not isinstance(m["content"], list):
+            continue
+        m["content"] = [
+            b for b in m["content"] if not (b.get("type") == "text" and b["text"].startswith("[loopguard]"))
+        ]
+        for b in m["content"]:
+            if b.get("type") == "tool_result" and str(b["content"]).startswith("[loopguard]"):
+                b["content"] = originals[b["tool_use_id"]]
+    return out
 
 
 def looping_fake(call: dict[str, Any], limit: int = LIMIT) -> FakeMessages:
@@ -262,13 +279,15 @@ AUTH_HEADERS = {
 async def test_plain_session_reaches_the_model_byte_identical(
     claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path, auth: str
 ) -> None:
-    """Bash, then Read, then a text: every byte Claude Code sent reaches the fake, every byte the
-    fake answered reaches Claude Code; the headers pass untouched (the key as ``Authorization``
-    or ``x-api-key``); the wire shapes of :mod:`tests.claude_code`'s docstring."""
+    """Thinking, text and Bash, then Read, then a text: every byte Claude Code sent reaches the
+    fake, every byte the fake answered reaches Claude Code; the headers pass untouched (the key as
+    ``Authorization`` or ``x-api-key``); the wire shapes of :mod:`tests.claude_code`'s docstring
+    (the answer's blocks come back as they were sent, the thinking block's signature too)."""
 
     def script(n: int, body: dict[str, Any]) -> list[Block]:
         if n == 0:
-            return [tool_use("Bash", {"command": "echo run >> runs.log; echo hello", "description": "Greet"})]
+            greet = tool_use("Bash", {"command": "echo run >> runs.log; echo hello", "description": "Greet"})
+            return [thinking("The user wants a greeting first."), text("Let me greet."), greet]
         if n == 1:
             return [tool_use("Read", {"file_path": str(work / "app.txt")})]
         return [text(FINAL)]
@@ -324,9 +343,10 @@ async def test_plain_session_reaches_the_model_byte_identical(
     # the calls come back exactly as the fake sent them
     call = third["messages"][2]["content"]
     assert [call, third["messages"][4]["content"]] == fake.step_blocks[:2]
+    assert [b["type"] for b in call] == ["thinking", "text", "tool_use"]
     bash_result, read_result = (m["content"] for m in third["messages"][3::2])
     assert bash_result == [
-        {"tool_use_id": call[0]["id"], "type": "tool_result", "content": "hello", "is_error": False}
+        {"tool_use_id": call[2]["id"], "type": "tool_result", "content": "hello", "is_error": False}
     ]
     assert read_result == [
         {
@@ -403,9 +423,11 @@ async def test_looping_session_gets_reminders_and_withheld_results(
     ), newest
     assert "Bash" in newest["content"] and newest["is_error"] is False
 
-    # none of it is in what Claude Code sent: the edits are loopguard's alone
+    # none of it is in what Claude Code sent: the edits are loopguard's alone, and undoing them
+    # gives what Claude Code sent (its system messages, cache_control and all)
     sent = [json.loads(body) for _, body in t.requests()]
     assert len(sent) == len(bodies)
+    assert [undo_edits(b, s) for b, s in zip(bodies, sent, strict=True)] == sent
     assert not any(reminders(b) for b in sent)
     assert all(r["content"] == "hello app" for b in sent for r in results(b))
     # each action counted once, in the request it first appeared in (as for Codex)
