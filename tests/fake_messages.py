@@ -16,9 +16,11 @@ API's error shape.
 What it answers is a *script*: a function of the request number (0-based, counting the
 ``/messages`` requests the script is asked about) and the decoded body, returning the content
 blocks to send (:func:`text` / :func:`tool_use` / :func:`thinking`). The ``stop_reason`` is
-``tool_use`` when a block is a ``tool_use``, else ``end_turn``. ``side`` (optional) picks the
-requests that are not the agent's main loop (Claude Code's title or summary requests: no
-``tools``) and answers them with its own blocks, so they do not count as script steps.
+``tool_use`` when a block is a ``tool_use``, else ``end_turn``, unless
+:attr:`FakeMessages.stop_reason` names another for that request (``max_tokens``, ``refusal``).
+``side`` (optional) picks the requests that are not the agent's main loop (Claude Code's title or
+summary requests: no ``tools``) and answers them with its own blocks, so they do not count as
+script steps.
 
 :meth:`FakeMessages.handle` is a handler for :class:`tests.fakes.FakeUpstream` (the ``upstream``
 fixture records every request raw: method, path with query, headers, body). The fake itself keeps
@@ -68,15 +70,18 @@ def stop_reason_of(blocks: list[Block]) -> str:
     return "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
 
 
-def message_object(mid: str, model: str, blocks: list[Block], usage: tuple[int, int]) -> dict[str, Any]:
-    """The whole ``message`` object (what a non-streamed request gets)."""
+def message_object(
+    mid: str, model: str, blocks: list[Block], usage: tuple[int, int], stop_reason: str | None = None
+) -> dict[str, Any]:
+    """The whole ``message`` object (what a non-streamed request gets); ``stop_reason`` defaults
+    to :func:`stop_reason_of` the blocks."""
     return {
         "id": mid,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": blocks,
-        "stop_reason": stop_reason_of(blocks),
+        "stop_reason": stop_reason or stop_reason_of(blocks),
         "stop_sequence": None,
         "usage": {
             "input_tokens": usage[0],
@@ -91,8 +96,11 @@ def _pieces(value: str, size: int) -> list[str]:
     return [value[i : i + size] for i in range(0, len(value), size)] or [""]
 
 
-def sse_events(mid: str, model: str, blocks: list[Block], usage: tuple[int, int]) -> list[tuple[str, Block]]:
-    """The (event type, payload) frames of one streamed answer."""
+def sse_events(
+    mid: str, model: str, blocks: list[Block], usage: tuple[int, int], stop_reason: str | None = None
+) -> list[tuple[str, Block]]:
+    """The (event type, payload) frames of one streamed answer (``stop_reason`` as for
+    :func:`message_object`)."""
     start = message_object(mid, model, [], (usage[0], 1))
     start["stop_reason"] = None
     events: list[tuple[str, Block]] = [("message_start", {"type": "message_start", "message": start})]
@@ -131,7 +139,7 @@ def sse_events(mid: str, model: str, blocks: list[Block], usage: tuple[int, int]
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop_reason_of(blocks), "stop_sequence": None},
+                "delta": {"stop_reason": stop_reason or stop_reason_of(blocks), "stop_sequence": None},
                 "usage": {"output_tokens": usage[1]},
             },
         )
@@ -171,6 +179,8 @@ class FakeMessages:
     requests: list[Received] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     side_bodies: list[dict[str, Any]] = field(default_factory=list)
+    #: the ``stop_reason`` of the script's answer to request n (None: from its blocks)
+    stop_reason: Callable[[int], str | None] = lambda n: None
     #: the body of the answer to each of :attr:`requests`, in order
     answers: list[bytes] = field(default_factory=list)
     #: the script's answers only, in step order (the bytes, and the blocks they carry)
@@ -193,11 +203,13 @@ class FakeMessages:
             return self._json(index, orjson.dumps({"type": "error", "error": error}), status=404)
         body = orjson.loads(raw)
         is_side = self.side is not None and self.side[0](body)
+        stop_reason = None
         if is_side:
             assert self.side is not None
             self.side_bodies.append(body)
             blocks = self.side[1](body)
         else:
+            stop_reason = self.stop_reason(len(self.bodies))
             blocks = self.script(len(self.bodies), body)
             self.bodies.append(body)
             self.step_blocks.append(blocks)
@@ -205,7 +217,7 @@ class FakeMessages:
         model = body.get("model", "fake-model")
         usage = usage_for(raw, blocks)
         if not body.get("stream"):
-            data = orjson.dumps(message_object(mid, model, blocks, usage))
+            data = orjson.dumps(message_object(mid, model, blocks, usage, stop_reason))
             if not is_side:
                 self.step_answers.append(data)
             return self._json(index, data)
@@ -214,7 +226,7 @@ class FakeMessages:
         )
         await resp.prepare(request)
         sent = bytearray()
-        for etype, payload in sse_events(mid, model, blocks, usage):
+        for etype, payload in sse_events(mid, model, blocks, usage, stop_reason):
             data = frame(etype, payload)
             sent += data
             await resp.write(data)

@@ -456,3 +456,67 @@ async def test_looping_session_ends_with_loopguards_stop(
     assert (len(fake.bodies), stats["stops"]) == (7, 1)
     assert len(results(fake.bodies[-1])) == 6
     assert runs(work) == (6 if tool == "Bash" else 0)
+
+
+# --- answers cut at the token limit -------------------------------------------------------------------
+
+#: Claude Code's message after an answer that ended at ``max_tokens``: a new user message (a string).
+TOKEN_LIMIT_NOTE = (
+    "<system-reminder>\nOutput token limit hit. Resume directly \u2014 no apology, no recap of what you "
+    "were doing. Pick up mid-thought if that is where the cut happened. Break remaining work into "
+    "smaller pieces.\n</system-reminder>"
+)
+TOKEN_LIMIT_ERROR = (
+    "API Error: Claude's response exceeded the 128000 output token maximum. To configure this "
+    "behavior, set the CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable."
+)
+#: A text that ends in one span repeated (loopguard's degenerate-text rule: 10+ copies, 200+ chars).
+DEGENERATE = "Reading the file now. " + "The app says hello. " * 40
+
+
+def user_notes(body: dict[str, Any]) -> list[str]:
+    """The texts of the user messages after the prompt (Claude Code's own notes)."""
+    return [
+        m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+        for m in body["messages"][2:]
+        if m["role"] == "user" and not results({"messages": [m]})
+    ]
+
+
+async def test_claude_code_retries_an_answer_cut_at_max_tokens_three_times(
+    claude: str, upstream: FakeUpstream, tmp_path: Path, work: Path
+) -> None:
+    """What Claude Code does with ``stop_reason: "max_tokens"`` (what loopguard's degenerate-text
+    cut sends), straight to the server: it asks again with a user message of its own, three times,
+    then gives up with an API error (exit 1)."""
+    fake = FakeMessages(lambda n, body: [text("Partial answer")], stop_reason=lambda n: "max_tokens")
+    run = await direct_session(claude, upstream, tmp_path, work, fake)
+    assert run.returncode == 1, run.stderr
+    result = run.result()
+    assert (result["result"], result["is_error"]) == (TOKEN_LIMIT_ERROR, True)
+    assert len(fake.bodies) == 4
+    assert [len(user_notes(b)) for b in fake.bodies] == [0, 1, 2, 3]
+    assert set(user_notes(fake.bodies[-1])) == {TOKEN_LIMIT_NOTE}
+    assert roles(fake.bodies[-1]) == ["user", "system"] + ["assistant", "user"] * 3
+
+
+@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
+async def test_degenerate_text_cut_reaches_claude_code_as_max_tokens(
+    claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """A model that streams degenerate text every time, through loopguard: each answer is cut
+    (``max_tokens``), Claude Code asks again three times as it does for a real token limit, then
+    exits 1 with its API error; every answer it got ends with ``message_stop``."""
+    fake = FakeMessages(lambda n, body: [text(DEGENERATE)])
+    run, t, stats = await proxied_session(claude, upstream, make_proxy, tmp_path, work, fake)
+    assert run.returncode == 1, run.stderr
+    assert (run.result()["result"], run.result()["is_error"]) == (TOKEN_LIMIT_ERROR, True)
+    assert len(fake.bodies) == 4
+    assert set(user_notes(fake.bodies[-1])) == {TOKEN_LIMIT_NOTE}
+    answers = [body for _, body in t.responses()]
+    assert len(answers) == 4
+    assert all(a.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n') for a in answers), (
+        answers
+    )
+    assert all(b'"stop_reason":"max_tokens"' in a for a in answers)
+    assert (stats["responses_cut"], stats["per_rule"].get("degenerate_text")) == (4, 4)
