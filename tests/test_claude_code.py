@@ -520,3 +520,45 @@ async def test_degenerate_text_cut_reaches_claude_code_as_max_tokens(
     )
     assert all(b'"stop_reason":"max_tokens"' in a for a in answers)
     assert (stats["responses_cut"], stats["per_rule"].get("degenerate_text")) == (4, 4)
+
+
+# --- an answer with too many identical calls ----------------------------------------------------------
+
+
+def runaway_fake() -> FakeMessages:
+    """A model whose first answer calls the same Bash command 3 times at once, then says it is done."""
+
+    def script(n: int, body: dict[str, Any]) -> list[Block]:
+        if n == 0:
+            return [tool_use("Bash", {"command": LOOP_CMD, "description": "Show app.txt"}) for _ in range(3)]
+        return [text(FINAL)]
+
+    return FakeMessages(script)
+
+
+async def test_without_loopguard_claude_code_runs_every_identical_parallel_call(
+    claude: str, upstream: FakeUpstream, tmp_path: Path, work: Path
+) -> None:
+    fake = runaway_fake()
+    run = await direct_session(claude, upstream, tmp_path, work, fake)
+    assert run.returncode == 0, run.stderr
+    assert (run.result()["result"], runs(work), len(fake.bodies)) == (FINAL, 3, 2)
+    assert len(results(fake.bodies[1])) == 3
+
+
+@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
+async def test_runaway_answer_is_cut_to_two_identical_calls(
+    claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """The runaway cut (``max_identical_per_response``: 2): Claude Code gets the first two of the
+    three identical calls (``stop_reason: "tool_use"``), runs those two and sends their results."""
+    fake = runaway_fake()
+    run, t, stats = await proxied_session(claude, upstream, make_proxy, tmp_path, work, fake)
+    assert run.returncode == 0, run.stderr
+    assert (run.result()["result"], runs(work), len(fake.bodies)) == (FINAL, 2, 2)
+    calls = [b for b in fake.bodies[1]["messages"][-2]["content"] if b["type"] == "tool_use"]
+    assert [c["id"] for c in calls] == [b["id"] for b in fake.step_blocks[0][:2]]
+    assert sorted(r["tool_use_id"] for r in results(fake.bodies[1])) == sorted(c["id"] for c in calls)
+    first_answer = t.responses()[0][1]
+    assert b'"stop_reason":"tool_use"' in first_answer
+    assert (stats["responses_cut"], stats["per_rule"].get("runaway")) == (1, 1)
