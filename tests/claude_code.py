@@ -72,8 +72,22 @@ What Claude Code 2.1.332 sends (measured against :mod:`tests.fake_messages`):
   ``is_error``); Read of a missing file ``is_error: true``, "File does not exist. …". The same call
   on an unchanged file gives byte-identical results every time. Parallel ``tool_use`` blocks get
   one user message whose results are in *completion* order, not call order.
+  Other error results (all ``is_error: true``, key order ``type``, ``content``, ``is_error``,
+  ``tool_use_id``): a tool not allowed ("Claude requested permissions to write to <path>, but you
+  haven't granted it yet."), an unknown tool ("<tool_use_error>Error: No such tool available:
+  NoSuchTool</tool_use_error>"), bad input ("<tool_use_error>InputValidationError: Read failed
+  due to the following issues:\n…</tool_use_error>"); a command without output is
+  "(Bash completed with no output)".
+- an answer of ``thinking`` (with ``signature``), ``text`` and ``tool_use`` blocks comes back as one
+  assistant message with exactly those blocks.
+- what it does with an answer's ``stop_reason``: ``end_turn`` ends the session (exit 0, the text is
+  the ``result``); ``max_tokens`` makes it send a new user message (a string: ``<system-reminder>
+  Output token limit hit. Resume directly …``) and ask again, three times, then exit 1 with
+  ``API Error: Claude's response exceeded the 128000 output token maximum …``; ``refusal`` ends it
+  with exit 1.
 - Claude Code has no loop breaker of its own: a model that repeats one Bash call 30 times gets
-  30 runs (``tests/test_claude_code.py`` pins it).
+  30 runs, and three identical calls in one answer run three times (``tests/test_claude_code.py``
+  pins both).
 """
 
 from __future__ import annotations
