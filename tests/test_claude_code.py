@@ -39,8 +39,6 @@ FINAL = "All done: app.txt says hello."
 LOOP_CMD = "echo run >> runs.log; cat app.txt"
 #: The fake gives up after this many tool calls (a hard stop when nothing ends the loop).
 LIMIT = 30
-#: What a Messages request needs from the xfail tests below before they can pass.
-NEEDS_DIALECT = "needs the Messages dialect (issue 12 branches msgs-dialect/msgs-answer)"
 #: Claude Code's own "system" message after every 5 tool steps without text.
 NUDGE = (
     "The user hasn't heard from you in a while. As you continue, keep them updated when there's "
@@ -386,7 +384,6 @@ async def test_count_tokens_requests_pass_untouched(
 # --- through loopguard: a looping session -------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
 async def test_looping_session_gets_reminders_and_withheld_results(
     claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
 ) -> None:
@@ -437,7 +434,6 @@ async def test_looping_session_gets_reminders_and_withheld_results(
     assert runs(work) == len(bodies) - 1
 
 
-@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
 @pytest.mark.parametrize("tool", ["Bash", "Read"])
 async def test_looping_session_ends_with_loopguards_stop(
     claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path, tool: str
@@ -500,7 +496,6 @@ async def test_claude_code_retries_an_answer_cut_at_max_tokens_three_times(
     assert roles(fake.bodies[-1]) == ["user", "system"] + ["assistant", "user"] * 3
 
 
-@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
 async def test_degenerate_text_cut_reaches_claude_code_as_max_tokens(
     claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
 ) -> None:
@@ -546,7 +541,6 @@ async def test_without_loopguard_claude_code_runs_every_identical_parallel_call(
     assert len(results(fake.bodies[1])) == 3
 
 
-@pytest.mark.xfail(reason=NEEDS_DIALECT, strict=False)
 async def test_runaway_answer_is_cut_to_two_identical_calls(
     claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
 ) -> None:
