@@ -58,7 +58,8 @@ messages, max_tokens, stream, stream_options, tools``, no ``tool_choice``; user 
   and ``Loop detection halted the run (consecutive_identical_tool_calls: …)`` on stderr
   (:data:`OWN_LOOP_HALT`). Its other detectors (alternating calls, global duplicates, file-read
   loops, content loops) are skipped by default (``model.skipLoopDetection`` defaults to true), so
-  a cycle such as read a, read b, read a, … runs on (to the per-turn cap of 100 calls).
+  a cycle such as read a, read b, read a, … runs on (``tests/test_qwen_code.py``: 30 calls, to
+  the fake's limit, without loopguard).
 - what loopguard writes into them: a reminder is a ``user`` message ``[loopguard] …`` after the
   step's tool message; a withheld result is the tool message's content replaced by the denial
   text; loopguard's stop is a text answer, which Qwen Code prints and exits 0 on.

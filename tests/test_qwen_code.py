@@ -269,6 +269,22 @@ async def test_structured_cycle_is_ended_by_loopguard(
     assert not any(t.startswith("[loopguard]") for b in sent for t in tool_texts(b))
 
 
+async def test_structured_cycle_without_loopguard_runs_to_the_models_limit(
+    qwen: str, upstream: FakeUpstream, work: Path, tmp_path: Path
+) -> None:
+    """The same cycle straight to the fake (no loopguard): Qwen Code runs all 30 calls the model
+    asks for and prints the model's "Giving up." (its own guard sees no 5 identical calls in a
+    row; its alternating-pattern detector is off by default)."""
+    fake = alternating_reads(paths(work), text=False, times=30)
+    upstream.handler = fake.handle
+    run = await run_qwen(qwen, upstream.url, "Read a.txt and tell me what it says.", work, tmp_path / "home")
+    assert fake.errors == []
+    assert (run.returncode, run.stdout) == (0, "Giving up.\n"), run.stderr
+    assert len(fake.bodies) == 31
+    assert len(tool_texts(fake.bodies[-1])) == 30  # calls ran
+    assert not any(reminders(b) for b in fake.bodies)
+
+
 # --- repair off: what users get today ------------------------------------------------------------
 
 
@@ -355,3 +371,70 @@ async def test_repaired_cycle_is_ended_by_loopguard(
     withheld = "[loopguard] The result of this call is withheld: it continues a cycle of 2 steps"
     assert [r.startswith(withheld) for r in results] == [False] * 7 + [True] * 2
     assert (s.stats["results_withheld"], s.stats["stops"]) == (2, 1)
+
+
+# --- the fake itself (no Qwen Code needed) ---------------------------------------------------------
+
+
+def read_file_tool() -> dict[str, Any]:
+    props = {"file_path": {"type": "string"}, "offset": {"type": ["integer", "null"]}}
+    return {"type": "function", "function": {"name": "read_file", "parameters": {"properties": props}}}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_fake_answers_a_text_call_as_a_server_without_a_tool_parser(
+    upstream: FakeUpstream, stream: bool
+) -> None:
+    """The fake's text call: Qwen3-Coder XML in ``content``, ``finish_reason: "stop"``, no
+    ``tool_calls``; streamed in 8-character deltas with the usage chunk when asked for."""
+    fake = repeating_read("/w/a.txt", text=True, times=1)
+    upstream.handler = fake.handle
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [read_file_tool()]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as s, s.post(f"{upstream.url}/chat/completions", json=body) as r:
+        raw = await r.read()
+    xml = (
+        "<tool_call>\n<function=read_file>\n<parameter=file_path>\n/w/a.txt\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
+    assert fake.answers == [raw] and fake.errors == []
+    if stream:
+        assert streamed(raw) == (xml, [], ["stop"])
+        events = raw.split(b"\n\n")
+        assert events[-3:] == [events[-3], b"data: [DONE]", b""]
+        assert json.loads(events[-3].removeprefix(b"data: "))["choices"] == []
+        assert all(
+            len(json.loads(e[6:])["choices"][0]["delta"].get("content") or "") <= 8 for e in events[1:-4]
+        )
+    else:
+        choice = json.loads(raw)["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (xml, "stop")
+        assert "tool_calls" not in choice["message"]
+
+
+async def test_fake_refuses_to_call_a_tool_the_request_does_not_offer(upstream: FakeUpstream) -> None:
+    """A request without ``read_file`` (or without its ``file_path`` parameter): the fake records
+    the miss and answers text naming it, so a renamed tool fails the test."""
+    fake = repeating_read("/w/a.txt", text=True)
+    upstream.handler = fake.handle
+    renamed = {
+        "type": "function",
+        "function": {"name": "read_file", "parameters": {"properties": {"path": {}}}},
+    }
+    async with aiohttp.ClientSession() as s:
+        for tools in ([], [renamed]):
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+            async with s.post(f"{upstream.url}/chat/completions", json=body) as r:
+                content = (await r.json())["choices"][0]["message"]["content"]
+            assert content.startswith("fake: tool read_file with parameters ['file_path'] not offered")
+    assert fake.errors == [
+        "tool read_file with parameters ['file_path'] not offered (offered: None)",
+        "tool read_file with parameters ['file_path'] not offered (offered: {'path'})",
+    ]
+
+
+def test_hermes_block_is_the_same_call_as_json() -> None:
+    assert hermes_json("read_file", {"file_path": "/w/a.txt"}) == (
+        '<tool_call>\n{"name":"read_file","arguments":{"file_path":"/w/a.txt"}}\n</tool_call>'
+    )
