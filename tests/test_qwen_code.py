@@ -10,7 +10,9 @@ XML in ``content``, ``finish_reason: "stop"``) or, for the controls, with struct
 - repair off (what users get today): the text call never runs, Qwen Code prints the markup as its
   answer and stops after one request.
 - repair on (``response.repair_text_tool_calls``, issue 13, branch text-calls): the call runs, and
-  a repeated one is guarded like a structured one. These tests are marked xfail until that lands.
+  a repeated one is guarded like a structured one, with the same numbers. These tests are marked
+  xfail while loopguard has no such key; their numbers were measured on a scratch merge with
+  text-calls (ec23259), where all of them pass.
 - controls (structured calls; no repair needed): a repeated identical call is ended by Qwen Code's
   own guard at the 5th call, after loopguard's reminder reached the model; a period-2 cycle,
   which Qwen Code does not see, is ended by loopguard.
@@ -309,6 +311,7 @@ async def test_text_call_without_repair_never_runs(
     assert [body for _, body in s.tap.responses()] == fake.answers
     assert streamed(fake.answers[0]) == (markup[fmt], [], ["stop"])
     assert (s.stats["guarded_requests"], s.stats["rewritten_requests"], s.stats["stops"]) == (1, 0, 0)
+    assert s.stats.get("responses_repaired", 0) == 0
 
 
 # --- repair on (issue 13; xfail until branch text-calls is merged) --------------------------------
@@ -333,6 +336,7 @@ async def test_repaired_text_call_runs_in_qwen_code(
     assert "<tool_call>" not in content and "<function=" not in content
     assert called(s.bodies[1]) == [("read_file", {"file_path": a})]
     assert tool_texts(s.bodies[1]) == [A_TEXT]
+    assert (s.stats["responses_repaired"], s.stats["text_calls_repaired"]) == (1, 1)
 
 
 @NEEDS_REPAIR
@@ -351,6 +355,8 @@ async def test_repaired_same_call_is_guarded_like_a_structured_one(
     assert len(results) == 4  # calls ran
     assert results[0] == A_TEXT and all(r.startswith(UNCHANGED) for r in results[1:])
     assert [len(reminders(b)) for b in s.bodies] == [0, 0, 0, 0, 1]
+    # every answer was repaired, the 5th too (Qwen Code then refused to run it)
+    assert (s.stats["responses_repaired"], s.stats["reminders_injected"], s.stats["stops"]) == (5, 1, 0)
 
 
 @NEEDS_REPAIR
@@ -370,7 +376,8 @@ async def test_repaired_cycle_is_ended_by_loopguard(
     assert [len(reminders(b)) for b in s.bodies] == [0, 0, 0, 0, 0, 0, 1, 2, 3, 3]
     withheld = "[loopguard] The result of this call is withheld: it continues a cycle of 2 steps"
     assert [r.startswith(withheld) for r in results] == [False] * 7 + [True] * 2
-    assert (s.stats["results_withheld"], s.stats["stops"]) == (2, 1)
+    # the 10th answer counts as repaired too: repaired first, then replaced by the stop
+    assert (s.stats["responses_repaired"], s.stats["results_withheld"], s.stats["stops"]) == (10, 2, 1)
 
 
 # --- the fake itself (no Qwen Code needed) ---------------------------------------------------------
