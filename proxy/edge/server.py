@@ -31,11 +31,11 @@ Behaviour at the edge:
 - Circuit-breaker incidents of a request are recorded right after its decision
   (:mod:`proxy.ops.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
 - Hot reload (issue 16): ``SIGHUP`` and ``POST /loop-guard/reload`` re-read the config file
-  (:func:`reload`). What a request uses of the config (guards, the response side, the admin
+  (:mod:`proxy.edge.runtime`). What a request uses of the config (guards, the response side, the admin
   token, the conversation-key headers) is the :class:`Runtime` it started with
   (:func:`_rt`), so a request in flight finishes under its config. An invalid file, or one that
   changes a key only a restart can change (:data:`proxy.ops.config.RESTART_ONLY`), is rejected
-  naming the key, and the running config stays.
+  naming the key (the endpoint answers 400 with the message), and the running config stays.
 - Several replicas (issue 16, ``state.backend``): the request side's state is fetched before and
   written after the (pure) decision, a kept Responses answer before its last bytes reach the
   agent, incidents are claimed by the writer (:mod:`proxy.edge.shared_state`).
@@ -48,7 +48,6 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -60,10 +59,9 @@ from multidict import CIMultiDict
 from proxy import dialects
 from proxy.dialects import openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
+from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
 from proxy.edge.shared_state import SharedState
-from proxy.errors import ConfigError
-from proxy.guards import Guard, build_guards
-from proxy.ops.config import Config, restart_keys
+from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
@@ -92,29 +90,7 @@ SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 INFLIGHT_KEY = web.AppKey("inflight", set)
 
 
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """What a request decides with: the config, the guards built from it, and the memory glue
-    for those guards (over the one state store of the process). A reload builds a new one; a
-    request keeps the one it started with (:func:`_rt`). ``CONFIG_KEY``, ``GUARDS_KEY`` and
-    ``MEMORY_KEY`` keep the ones of the start (the keys a reload cannot change are read there)."""
-
-    cfg: Config
-    guards: tuple[Guard, ...]
-    memory: Memory
-
-
-class Live:
-    """The current :class:`Runtime` (replaced by :func:`reload`) and how to re-read the config
-    (``loader``: None when the server was not started from a file the CLI can read again)."""
-
-    __slots__ = ("current", "loader")
-
-    def __init__(self, current: Runtime, loader: Callable[[], Config] | None) -> None:
-        self.current = current
-        self.loader = loader
-
-
+#: The current config and guards (:mod:`proxy.edge.runtime`; replaced by a reload).
 LIVE_KEY = web.AppKey("live", Live)
 #: The state replicas share (``state.backend``; in memory by default).
 SHARED_KEY = web.AppKey("shared_state", SharedState)
@@ -211,16 +187,6 @@ def _body_timeout_response(request: web.Request, received: int) -> web.Response:
     return response
 
 
-def _runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
-    """The :class:`Runtime` of ``cfg``; after ``previous`` (a reload), over its state store and clock."""
-    guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-    )
-    if previous is None:
-        return Runtime(cfg, guards, Memory(guards))
-    return Runtime(cfg, guards, Memory(guards, previous.memory.store, previous.memory.clock))
-
-
 def _rt(request: web.Request) -> Runtime:
     """The :class:`Runtime` of this request: the current one when the request first asks."""
     rt = request.get(RUNTIME)
@@ -229,45 +195,11 @@ def _rt(request: web.Request) -> Runtime:
     return rt
 
 
-def reload(app: web.Application) -> Runtime:
-    """Re-read the config file and make it current (requests in flight keep theirs). Raises
-    :class:`ConfigError` naming the key, and changes nothing, when the file is invalid, when it
-    changes a key only a restart can change (:func:`proxy.ops.config.restart_keys`), or when the
-    server has no file to re-read (key ``<file>``)."""
-    live = app[LIVE_KEY]
-    if live.loader is None:
-        raise ConfigError("<file>", "this server was not started from a config file it can re-read")
-    new = live.loader()
-    changed = restart_keys(live.current.cfg, new)
-    if changed:
-        raise ConfigError(
-            changed[0], f"cannot change without a restart (changed: {', '.join(changed)}); nothing reloaded"
-        )
-    runtime = _runtime(new, live.current)
-    live.current = runtime
-    return runtime
-
-
-def _reload_logged(app: web.Application, via: str) -> str | None:
-    """:func:`reload`, logged (``config_reloaded``, or ``config_reload_rejected`` with the key and
-    the message); returns the error message, None when reloaded."""
-    try:
-        runtime = reload(app)
-    except ConfigError as exc:
-        log.warning("config_reload_rejected", via=via, key=exc.key, error=str(exc))
-        return str(exc)
-    except Exception as exc:  # a bug: the old config stays
-        log.error("config_reload_rejected", via=via, error=type(exc).__name__)
-        return f"reload failed ({type(exc).__name__})"
-    log.info("config_reloaded", via=via, guards=[type(g).__name__ for g in runtime.guards])
-    return None
-
-
 async def reload_handler(request: web.Request) -> web.Response:
     """``POST /loop-guard/reload`` (admin token): 200 ``{"status": "reloaded"}``, or 400 with an
     OpenAI-style error whose message names the key."""
     _check_admin(request)
-    error = _reload_logged(request.app, "http")
+    error = reload_logged(request.app[LIVE_KEY], "http")
     if error is not None:
         return web.Response(
             status=400,
@@ -837,7 +769,7 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app[SHUTDOWN_KEY] = asyncio.Event()
     app[INFLIGHT_KEY] = set()
     app[METRICS_KEY] = Metrics(app[STATS_KEY])
-    runtime = _runtime(cfg)
+    runtime = build_runtime(cfg)
     app[LIVE_KEY] = Live(runtime, loader)
     app[GUARDS_KEY] = runtime.guards
     app[MEMORY_KEY] = runtime.memory
@@ -898,7 +830,7 @@ async def serve_forever(cfg: Config, loader: Callable[[], Config] | None = None)
             loop.add_signal_handler(sig, stop.set)
     app = runner.app
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
-        loop.add_signal_handler(signal.SIGHUP, _reload_logged, app, "SIGHUP")
+        loop.add_signal_handler(signal.SIGHUP, reload_logged, app[LIVE_KEY], "SIGHUP")
     try:
         await stop.wait()
         log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
