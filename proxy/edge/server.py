@@ -761,7 +761,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.Application:
     """The proxy application for ``cfg`` (no sockets opened until it is run). ``loader``: what
-    a reload calls to re-read the config (:func:`reload`; None: no reload)."""
+    a reload calls to re-read the config (:func:`proxy.edge.runtime.reload`; None: no reload)."""
     app = web.Application(client_max_size=cfg.upstream.max_body_mb * 1024 * 1024)
     app[CONFIG_KEY] = cfg
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
@@ -820,7 +820,8 @@ async def serve_forever(cfg: Config, loader: Callable[[], Config] | None = None)
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
     end the rest (a stream gets the error event), write their log lines, return (exit 0).
-    SIGHUP re-reads the config through ``loader`` (:func:`reload`; a rejected file is logged)."""
+    SIGHUP re-reads the config through ``loader`` (:func:`proxy.edge.runtime.reload`; a rejected
+    file is logged)."""
     runner, port = await start(cfg, loader)
     log.info("listening", host=cfg.listen.host, port=port, upstream=forward.redact_url(cfg.upstream.url))
     stop = asyncio.Event()
