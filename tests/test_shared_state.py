@@ -215,3 +215,16 @@ async def test_without_a_shared_backend_nothing_is_fetched_or_counted() -> None:
     assert await shared.claim("c", "cap") is True
     assert await shared.totals() is None
     assert dict(stats.backend_errors) == {}
+
+
+async def test_a_conversation_key_known_from_a_header_is_fetched_first_and_decided_once() -> None:
+    remote = ConversationState({1: 100}, {}, (), None, 900)
+    backend = Scripted({"c": remote})
+    shared = SharedState(StateConfig(backend="redis://x"), Stats(), backend=backend)
+    memory = _memory()
+    seen: list[ConversationState | None] = []
+    await shared.decide(
+        _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None, hint="c"
+    )
+    assert seen == [remote]  # one decision, over the backend's copy
+    assert backend.fetches == [(["c"], [])]

@@ -277,6 +277,12 @@ def _guarded(request: web.Request) -> str | None:
     return "responses" if dialect is openai_responses else None
 
 
+def _header_key(headers: Any, names: tuple[str, ...]) -> str | None:
+    """The conversation key when a ``conversation_key`` header gives it (DESIGN §4's first rule:
+    known before the body is read), else None."""
+    return next((headers[n] for n in names if headers.get(n)), None)
+
+
 async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
     app = request.app
     rt = _rt(request)
@@ -304,6 +310,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             store.get if dialect is openai_responses else None,
             memory.store.put,
             store.put,
+            hint=_header_key(request.headers, rt.cfg.conversation_key.headers),
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1

@@ -4,7 +4,8 @@ around any :class:`proxy.request.shared.Backend`.
 :class:`SharedState` is what the server uses. With ``state.backend: memory`` (the default) every
 method is today's behaviour: nothing awaits, nothing is fetched or written. With a Redis URL:
 
-- **Before deciding** (:meth:`SharedState.decide`): the request is decided once against the local
+- **Before deciding** (:meth:`SharedState.decide`): when a ``conversation_key`` header names the
+  conversation, its state is fetched first. Then the request is decided against the local
   stores with lookups that note what the decision asked for (the conversation's state, a
   ``previous_response_id``'s entry). Those are fetched from Redis in one operation; when Redis
   holds a newer state (:func:`proxy.request.shared.newer`) or an entry the replica lacked, the
@@ -289,14 +290,25 @@ class SharedState:
         previous: Previous | None,
         adopt_state: Callable[[str, ConversationState], None],
         adopt_entry: Callable[[str, Entry], None],
+        hint: str | None = None,
     ) -> RequestDecision:
         """``run(state_for, previous)`` (the pure decision over the local lookups), again after
-        the local stores adopted newer data from the backend (module doc). Without a shared
-        backend: ``run`` once."""
+        the local stores adopted newer data from the backend (module doc). ``hint``: the
+        conversation key when it is known before deciding (a ``conversation_key`` header): its
+        state is fetched first, so a conversation that moved here is decided once. Without a
+        shared backend: ``run`` once."""
         if not self.shared:
             return run(state_for, previous)
         fetched_states: set[str] = set()
         fetched_entries: set[str] = set()
+        if hint and state_for is not None:
+            got = await self._call("fetch", lambda: self.backend.fetch([hint], []), None)
+            if got is None:
+                return run(state_for, previous)  # the backend failed: local state only
+            fetched_states.add(hint)
+            remote = got.states.get(hint)
+            if remote is not None and newer(state_for(hint), remote):
+                adopt_state(hint, remote)
         for runs in range(1, MAX_RUNS + 1):
             noted = _Noting(state_for, previous)
             decision = run(noted.state if state_for is not None else None, noted.entry if previous else None)
