@@ -17,6 +17,7 @@ Responses store, stats, incidents already recorded) outlives a reload.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,38 +56,50 @@ class Live:
     """The current :class:`Runtime` (replaced by :func:`reload`) and how to re-read the config
     (``loader``: None when the server was not started from a file the CLI can read again)."""
 
-    __slots__ = ("current", "loader")
+    __slots__ = ("_lock", "_tasks", "current", "loader")
 
     def __init__(self, current: Runtime, loader: Callable[[], Config] | None) -> None:
         self.current = current
         self.loader = loader
+        self._lock = asyncio.Lock()  # one reload at a time
+        self._tasks: set[asyncio.Task[str | None]] = set()
+
+    def on_signal(self) -> None:
+        """The SIGHUP handler: start :func:`reload_logged` (the loop's signal handlers are sync)."""
+        task = asyncio.ensure_future(reload_logged(self, "SIGHUP"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
-def reload(live: Live) -> Runtime:
+async def reload(live: Live) -> Runtime:
     """Re-read the config and make it current (requests in flight keep theirs). Raises
     :class:`ConfigError` naming the key, and changes nothing, when the file is invalid, when it
     changes a key only a restart can change (:func:`proxy.ops.config.restart_keys`; the first one
-    is the key, the message lists them all), or when there is no file to re-read (``<file>``)."""
+    is the key, the message lists them all), or when there is no file to re-read (``<file>``).
+    Reading the file and building the guards (regular expressions) run in a worker thread: the
+    event loop goes on serving meanwhile."""
     if live.loader is None:
         raise ConfigError("<file>", "this server was not started from a config file it can re-read")
-    new = live.loader()
-    changed = restart_keys(live.current.cfg, new)
-    if changed:
-        raise ConfigError(
-            changed[0], f"cannot change without a restart (changed: {', '.join(changed)}); nothing reloaded"
-        )
-    runtime = build_runtime(new, live.current)
-    live.current = runtime
-    return runtime
+    async with live._lock:
+        new = await asyncio.to_thread(live.loader)
+        changed = restart_keys(live.current.cfg, new)
+        if changed:
+            raise ConfigError(
+                changed[0],
+                f"cannot change without a restart (changed: {', '.join(changed)}); nothing reloaded",
+            )
+        runtime = await asyncio.to_thread(build_runtime, new, live.current)
+        live.current = runtime
+        return runtime
 
 
-def reload_logged(live: Live, via: str) -> str | None:
+async def reload_logged(live: Live, via: str) -> str | None:
     """:func:`reload`, logged: ``config_reloaded`` (info, with the guards now on) or
     ``config_reload_rejected`` (warning, with ``key`` and the message ``error``; any other
     exception is a bug, logged as an error with its type). ``via``: ``SIGHUP`` or ``http``.
     Returns the error message, None when reloaded."""
     try:
-        runtime = reload(live)
+        runtime = await reload(live)
     except ConfigError as exc:
         log.warning("config_reload_rejected", via=via, key=exc.key, error=str(exc))
         return str(exc)

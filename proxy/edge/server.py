@@ -199,7 +199,7 @@ async def reload_handler(request: web.Request) -> web.Response:
     """``POST /loop-guard/reload`` (admin token): 200 ``{"status": "reloaded"}``, or 400 with an
     OpenAI-style error whose message names the key."""
     _check_admin(request)
-    error = reload_logged(request.app[LIVE_KEY], "http")
+    error = await reload_logged(request.app[LIVE_KEY], "http")
     if error is not None:
         return web.Response(
             status=400,
@@ -838,7 +838,7 @@ async def serve_forever(cfg: Config, loader: Callable[[], Config] | None = None)
             loop.add_signal_handler(sig, stop.set)
     app = runner.app
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
-        loop.add_signal_handler(signal.SIGHUP, reload_logged, app[LIVE_KEY], "SIGHUP")
+        loop.add_signal_handler(signal.SIGHUP, app[LIVE_KEY].on_signal)
     try:
         await stop.wait()
         log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
