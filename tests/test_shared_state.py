@@ -13,8 +13,9 @@ from structlog.testing import capture_logs
 
 from proxy.dialects import openai_chat
 from proxy.edge.shared_state import LOST, SharedState, sum_counters
+from proxy.errors import ConfigError
 from proxy.guards import build_guards
-from proxy.ops.config import Config, StateConfig, TurnGuardConfig
+from proxy.ops.config import Config, StateConfig, TurnGuardConfig, build
 from proxy.ops.observe import Stats
 from proxy.request.memory import Memory
 from proxy.request.response_store import Entry
@@ -228,3 +229,25 @@ async def test_a_conversation_key_known_from_a_header_is_fetched_first_and_decid
     )
     assert seen == [remote]  # one decision, over the backend's copy
     assert backend.fetches == [(["c"], [])]
+
+
+BAD_STATE = [
+    pytest.param({"backend": "memcached://h:1"}, "state.backend", id="not_a_redis_url"),
+    pytest.param({"timeout_ms": 0}, "state.timeout_ms", id="zero_timeout"),
+    pytest.param({"retry_s": -1}, "state.retry_s", id="negative_retry"),
+    pytest.param({"prefix": ""}, "state.prefix", id="empty_prefix"),
+    pytest.param({"stats_interval_s": 0}, "state.stats_interval_s", id="zero_interval"),
+    pytest.param({"backnd": "memory"}, "state.backnd", id="unknown_key"),
+]
+
+
+@pytest.mark.parametrize(("state", "key"), BAD_STATE)
+def test_a_bad_state_section_fails_naming_the_key(state: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build(Config, {"state": state})
+    assert err.value.key == key
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock"])
+def test_redis_urls_are_accepted(url: str) -> None:
+    assert build(Config, {"state": {"backend": url}}).state.shared
