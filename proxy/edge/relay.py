@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,10 +77,12 @@ class ResponseSide:
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
     #: is done, not gone (issue 14, item 12)
     delivered: bool = False
-    #: called once with the answer the agent gets, before its last bytes are written (Responses)
-    on_answer: Callable[[Answer], None] | None = None
+    #: called once with the answer the agent gets, before its last bytes are written (Responses);
+    #: what it returns, when awaitable (the shared store's write), is awaited by :meth:`settle`
+    on_answer: Callable[[Answer], Awaitable[None] | None] | None = None
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
+    pending: Awaitable[None] | None = None
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -89,9 +91,16 @@ class ResponseSide:
             self.on_answer = callback
             return
         try:
-            callback(answer)
+            self.pending = callback(answer)
         except Exception as exc:
             failed(stats, "store", exc)
+
+    async def settle(self) -> None:
+        """Await what ``on_answer`` started (the answer's write to the shared store, bounded by
+        ``state.timeout_ms`` and failing open), so it is done before the agent has the answer."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            await pending
 
 
 def enabled(cfg: Config) -> bool:
@@ -184,6 +193,7 @@ async def relay_sse(
                 upstream.close()  # the server stops generating now
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)
+                await side.settle()
             if out.data:
                 await response.write(out.data)
             if guard.complete and guard.received == guard.settled:
@@ -241,6 +251,7 @@ async def relay_json(
         if side.wire == "responses":
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
             side.answered(answer, stats)
+            await side.settle()
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         else:
@@ -278,6 +289,7 @@ async def relay_observed(
             except Exception as exc:
                 failed(stats, "capture", exc)
                 capture = None
+        await side.settle()
         await response.write(chunk)
         if capture is not None and capture.complete:
             side.delivered = True
@@ -287,6 +299,7 @@ async def relay_observed(
             side.answered(capture.answer, stats)
         except Exception as exc:
             failed(stats, "capture", exc)
+        await side.settle()
 
 
 def readable_stream(upstream: aiohttp.ClientResponse) -> bool:

@@ -100,8 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxy.ops.observe import configure_logging
 
     configure_logging(args.log_level)
+
+    def reread() -> Config:  # SIGHUP and POST /loop-guard/reload: the same file, env and flags
+        return effective_config(args, os.environ)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(cfg))
+        asyncio.run(serve_forever(cfg, reread))
     return 0
 
 

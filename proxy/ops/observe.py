@@ -126,6 +126,9 @@ class Stats:
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
+    #: shared-state backend operations that failed open, per operation (``state.backend``,
+    #: :mod:`proxy.edge.shared_state`: ``fetch``, ``save_state``, ``save_entry``, ``claim_incident``, …)
+    backend_errors: Counter[str] = field(default_factory=Counter)
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[int] = set()  # a result two guards withhold is one result withheld
@@ -167,5 +170,6 @@ class Stats:
             "per_rule": dict(sorted(self.per_rule.items())),
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
+            "state_backend_errors": dict(sorted(self.backend_errors.items())),
             "incidents": [i.as_dict() for i in self.incidents],
         }
