@@ -115,6 +115,7 @@ def _trace_config() -> aiohttp.TraceConfig:
     trace.on_connection_reuseconn.append(_note_reuse)
     return trace
 
+
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
