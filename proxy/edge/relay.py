@@ -49,9 +49,11 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
+from proxy.response import repair
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
 from proxy.response.decide import StopJudge, decide_json, earlier_stops
+from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import StreamGuard
 
@@ -75,6 +77,8 @@ class ResponseSide:
     on_answer: Callable[[Answer], None] | None = None
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
+    #: calls written as text are repaired (chat answers to requests that offered tools; issue 13)
+    repair: Repairer | None = None
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -95,6 +99,7 @@ def enabled(cfg: Config) -> bool:
         or r.max_calls_per_response
         or r.max_identical_per_response
         or r.degenerate_text.enabled
+        or r.repair_text_tool_calls
     )
 
 
@@ -129,7 +134,12 @@ def plan(
         ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
         judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
     wire = "chat" if guarded is True else str(guarded)
-    return ResponseSide(kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None)
+    fix = None
+    if wire == "chat" and decision is not None:
+        fix = repair.for_request(cfg, decision.transcript, decision.body)
+    return ResponseSide(
+        kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None, repair=fix
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -149,8 +159,11 @@ async def relay_sse(
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    kind = ResponsesStreamGuard if side.wire == "responses" else StreamGuard
-    guard: StreamGuard | ResponsesStreamGuard | None = kind(side.cfg, side.judge)
+    guard: StreamGuard | ResponsesStreamGuard | None = (
+        ResponsesStreamGuard(side.cfg, side.judge)
+        if side.wire == "responses"
+        else StreamGuard(side.cfg, side.judge, side.repair)
+    )
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
@@ -229,7 +242,7 @@ async def relay_json(
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
             side.answered(answer, stats)
         else:
-            new, actions = decide_json(raw, side.judge, side.cfg)
+            new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)
@@ -291,7 +304,7 @@ async def relay_as_json(
     agent's JSON answer. On a cut the upstream is closed at once and reading stops. An upstream
     read error ends the reading (what the guard held is assembled unchanged) and is returned
     with the assembly: an answer that was complete before it is still whole."""
-    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None else None
+    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge, side.repair) if side is not None else None
     assembly = Assembly()
     unsettled = bytearray()  # bytes received and not yet settled by the guard
     error: Exception | None = None

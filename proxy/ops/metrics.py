@@ -11,7 +11,9 @@ read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
 :mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
-before the whole answer), and
+before the whole answer), ``loopguard_responses_repaired_total`` and
+``loopguard_text_calls_repaired_total`` (answers, and calls, written as text and repaired: issue
+13), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -35,6 +37,8 @@ _COUNTERS = (
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
     ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
+    ("responses_repaired", "Answers whose tool calls written as text were repaired into structured calls."),
+    ("text_calls_repaired", "Tool calls written as text that were repaired into structured calls."),
 )
 
 
