@@ -47,14 +47,18 @@ class AnswerState:
     def said(self) -> str:
         return "".join(self._text)
 
-    def text(self, delta: str, reasoning: bool = False) -> Cut | None:
+    def text(self, delta: str, reasoning: bool = False, detect: bool = True) -> Cut | None:
         """A text delta. Returns the degenerate-text cut (not yet recorded anywhere) when the
-        text now ends in one span repeated ``degenerate_text.min_repeats`` times, else None."""
+        text now ends in one span repeated ``degenerate_text.min_repeats`` times, else None.
+        ``detect=False``: the delta is not read for degenerate text (held tool calls written as
+        text, :mod:`proxy.response.repair`)."""
         if not delta:
             return None
         if not reasoning:
             self.text_seen = True
             self._text.append(delta)
+        if not detect:
+            return None
         detector = self._reasoning if reasoning else self._content
         rep = detector.feed(delta) if detector is not None else None
         if rep is None:

@@ -295,7 +295,6 @@ class StreamGuard(FramedGuard):
                 continue
             delta = part.get("delta")
             delta = delta if isinstance(delta, dict) else {}
-            cut = cut or self._texts(ch, delta)
             content = delta.get("content")
             if self._repair is not None and isinstance(content, str) and content:
                 text_at[ci] = ch.length
@@ -309,6 +308,7 @@ class StreamGuard(FramedGuard):
                         ch.pending = True
                     elif was:
                         ch.pending = False  # a start of a tag that was none: what it held goes out
+            cut = cut or self._texts(ch, delta)
             tcs = delta.get("tool_calls")
             if (isinstance(tcs, list) and tcs) or isinstance(delta.get("function_call"), dict):
                 calls.add(ci)
@@ -348,7 +348,10 @@ class StreamGuard(FramedGuard):
         for key in ("content", *REASONING_FIELDS):
             text = delta.get(key)
             if isinstance(text, str):
-                cut = ch.answer.text(text, reasoning=key != "content")
+                # content held after a whole opening tag is calls to be (repeated blocks are no
+                # degenerate text): the runaway rule judges them once repaired
+                detect = key != "content" or not (ch.tag_seen and not ch.calls.calls)
+                cut = ch.answer.text(text, reasoning=key != "content", detect=detect)
                 found = found or cut
         return found
 
