@@ -10,7 +10,7 @@ import pytest
 
 from proxy.actions import Cut, Remind, Repair, Stop, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.dialects import openai_chat
+from proxy.dialects import openai_chat, openai_responses
 from proxy.dialects.text_calls import find_calls, tool_responses
 from proxy.guards import build_guards
 from proxy.ops.config import Config, build
@@ -784,3 +784,41 @@ def test_sse_structured_calls_are_never_repaired() -> None:
     )
     out, guard = run(raw, 3)
     assert out == raw and guard.actions == []
+
+
+# --- the Responses API's request side -------------------------------------------------------------
+
+
+def test_responses_reads_text_calls_in_assistant_message_items_and_withholds_one_block() -> None:
+    cfg = build(Config, BREAKER)
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "go"}]
+    for _ in range(3):
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": hermes("read", {"path": "a.py"})}],
+            }
+        )
+        items.append(
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": in_results("same")["content"]}],
+            }
+        )
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in TOOLS.items()]
+    raw = orjson.dumps({"model": "m", "tools": tools, "input": items})
+    d = decide_request(raw, {}, build_guards(cfg.guards), (), dialect=openai_responses)
+    assert d.transcript is not None
+    assert [(c.name, c.position, c.result.position if c.result else None) for c in d.transcript.calls] == [
+        ("read", 1, 2),
+        ("read", 3, 4),
+        ("read", 5, 6),
+    ]
+    assert d.transcript.user_positions == (0,)
+    assert [(a.position, a.part) for a in d.actions if isinstance(a, Withhold) and a.fresh] == [(6, 0)]
+    sent = orjson.loads(d.body)["input"]
+    assert sent[:6] == items[:6]
+    assert sent[6]["content"].startswith("<tool_response>\n[loopguard]")
+    assert sent[6]["content"].endswith("\n</tool_response>")

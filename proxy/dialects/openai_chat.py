@@ -33,7 +33,6 @@ sequence of steps.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
@@ -199,40 +198,6 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     if any(isinstance(a, Withhold) and a.part is not None for a in actions):
         if body is None:
             body = jsonbody.decode(raw)
-        actions = _whole_results(actions, body)
+        messages = body.get("messages") if isinstance(body, dict) else None
+        actions = edits.whole_results(actions, messages, lambda m: content_text(m.get("content")))
     return edits.apply(raw, actions, body, WIRE)
-
-
-def _whole_results(actions: Sequence[Action], body: Any) -> list[Action]:
-    """Withholds of ``<tool_response>`` blocks as withholds of their whole message: its text with
-    each withheld block's inner text replaced (the first action per block gives the text), one
-    action per message, at the place of its first. A message that no longer has the block is left."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    by_pos: dict[int, dict[int, str]] = {}
-    for a in actions:
-        if isinstance(a, Withhold) and a.part is not None:
-            by_pos.setdefault(a.position, {}).setdefault(a.part, a.text)
-    out: list[Action] = []
-    done: set[int] = set()
-    for a in actions:
-        if not (isinstance(a, Withhold) and a.part is not None):
-            out.append(a)
-            continue
-        if a.position in done:
-            continue
-        done.add(a.position)
-        msg = messages[a.position] if isinstance(messages, list) and 0 <= a.position < len(messages) else None
-        text = content_text(msg.get("content")) if isinstance(msg, dict) else ""
-        spans = text_calls.response_spans(text)
-        parts = by_pos[a.position]
-        if any(p >= len(spans) for p in parts):
-            continue
-        pieces: list[str] = []
-        last = 0
-        for k, (start, end) in enumerate(spans):
-            if k in parts:
-                pieces += [text[last:start], parts[k]]
-                last = end
-        pieces.append(text[last:])
-        out.append(dataclasses.replace(a, text="".join(pieces), part=None))
-    return out
