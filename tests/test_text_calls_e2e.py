@@ -99,6 +99,16 @@ async def test_sdk_receives_a_structured_call(upstream: FakeUpstream, sdk: Any, 
     assert "loopguard_text_calls_repaired_total 1.0" in metrics
 
 
+async def test_a_json_request_sent_upstream_as_a_stream_is_repaired(upstream: FakeUpstream, sdk: Any) -> None:
+    """``upstream.stream_json_requests``: the answer is read as a stream, repaired, assembled."""
+    upstream.handler = text_model
+    client = await sdk({"upstream": {"stream_json_requests": True}})
+    got = await ask(client, [{"role": "user", "content": "Read app.py"}], False)
+    assert upstream.requests[-1].json()["stream"] is True
+    assert (got["content"], got["finish"]) == ("I'll read it.", "tool_calls")
+    assert [(n, a) for _, n, a in got["calls"]] == [("read_file", ARGS)]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_with_repair_off_the_sdk_receives_the_text(
     upstream: FakeUpstream, sdk: Any, stream: bool

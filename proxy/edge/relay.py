@@ -25,6 +25,8 @@ for compression get exactly what the upstream sent). Everything else is plain pa
   :mod:`proxy.response.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
   :class:`StreamGuard` (so runaway and degenerate cuts close the upstream at once), and what it
   lets through is assembled into the one JSON answer the agent asked for.
+- Chat answers to requests that offered ``tools`` carry the request's repair of calls written as
+  text (:mod:`proxy.response.repair`, ``response.repair_text_tool_calls``) into both paths.
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
   ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
   rest of the response is relayed as is.

@@ -89,9 +89,10 @@ def configure_logging(level: str = "info") -> None:
 
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
-    has one (withhold, stop, cut), and ``applied: false`` for a cut only reported (no texts)."""
+    has one (withhold, stop, cut; a repair's markup form), and ``applied: false`` for a cut only
+    reported (no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
-    if isinstance(a, Withhold | Stop | Cut) and a.reason:
+    if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
