@@ -822,3 +822,51 @@ def test_responses_reads_text_calls_in_assistant_message_items_and_withholds_one
     assert sent[:6] == items[:6]
     assert sent[6]["content"].startswith("<tool_response>\n[loopguard]")
     assert sent[6]["content"].endswith("\n</tool_response>")
+
+
+def test_sse_a_runaway_written_as_text_is_cut_as_it_streams() -> None:
+    """Five identical blocks, one a delta: the 3rd identical call is a runaway the moment its block
+    closes (max_identical_per_response 2); the upstream is closed there, the agent gets 2 calls."""
+    events = [
+        chunk({"role": "assistant", "content": ""}),
+        *(chunk({"content": HERMES + "\n"}) for _ in range(5)),
+    ]
+    raw = [stream(e, done=False) for e in [*events, chunk({}, "stop")]]
+    guard = StreamGuard(CFG, None, REPAIR)
+    outs = []
+    for r in raw:
+        o = guard.feed(r)
+        outs.append((o.data, o.abort))
+        if o.abort:
+            break
+    assert [abort for _, abort in outs] == [False, False, False, True]
+    assert [a.kind for a in guard.actions] == ["repair", "cut"]
+    assert isinstance(guard.actions[1], Cut) and (guard.actions[1].count, guard.actions[1].reason) == (
+        2,
+        "identical",
+    )
+
+    def compact(obj: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    calls = [
+        compact(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": k,
+                            "id": REPAIR.call_id(0, k),
+                            "type": "function",
+                            "function": {"name": "read", "arguments": '{"path":"a.py"}'},
+                        }
+                    ]
+                }
+            )
+        )
+        for k in range(2)
+    ]
+    assert (
+        b"".join(d for d, _ in outs)
+        == raw[0] + b"".join(calls) + compact(chunk({}, "tool_calls")) + b"data: [DONE]\n\n"
+    )

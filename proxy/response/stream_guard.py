@@ -45,7 +45,7 @@ from typing import Any
 
 from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
-from proxy.dialects.text_calls import OPEN_TAGS
+from proxy.dialects.text_calls import OPEN_TAGS, Found
 from proxy.ops.config import Config
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall, CallAssembler
@@ -99,6 +99,8 @@ class _Choice:
     text_hold: bool = False  # content held from a possible opening tag on
     tag_seen: bool = False  # a whole opening tag came: held to the finish
     drop_text: bool = False  # repaired: held content is replaced
+    close_tail: str = ""  # the content's last characters, for a closing tag split across deltas
+    so_far: tuple[Found, list[AssembledCall]] | None = None  # the complete text calls so far
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -235,6 +237,7 @@ def _partial_tag(text: str) -> bool:
 
 
 _TAG_MAX = max(map(len, OPEN_TAGS))
+_CLOSE_TAGS = ("</tool_call>", "</function>")
 
 
 class StreamGuard(FramedGuard):
@@ -245,7 +248,9 @@ class StreamGuard(FramedGuard):
     to be no tag lets them go at once; a whole tag holds them to the choice's finish, where the
     content is repaired (the held content replaced by the rest of the text before the first block,
     then one ``tool_calls`` delta per call, and ``finish_reason: "tool_calls"``; the calls judged
-    like any others) or released unchanged."""
+    like any others) or released unchanged. Each time a block closes, the calls complete so far
+    are read and the runaway rule applied, so a runaway written as text is cut as it streams (the
+    kept calls repaired, the upstream closed), as structured calls are."""
 
     __slots__ = ("_base", "_choices", "_repair")
 
@@ -308,6 +313,9 @@ class StreamGuard(FramedGuard):
                         ch.pending = True
                     elif was:
                         ch.pending = False  # a start of a tag that was none: what it held goes out
+                    if ch.tag_seen and runaway is None and self._block_closed(ch, content):
+                        rc = self._text_runaway(ci, ch)
+                        runaway = (ci, rc) if rc else None
             cut = cut or self._texts(ch, delta)
             tcs = delta.get("tool_calls")
             if (isinstance(tcs, list) and tcs) or isinstance(delta.get("function_call"), dict):
@@ -356,6 +364,25 @@ class StreamGuard(FramedGuard):
         return found
 
     @staticmethod
+    def _block_closed(ch: _Choice, delta: str) -> bool:
+        """A closing tag (``</tool_call>``, ``</function>``) ends in ``delta``."""
+        window = ch.close_tail + delta
+        ch.close_tail = window[-len(_CLOSE_TAGS[0]) :]
+        return any(t in window for t in _CLOSE_TAGS)
+
+    def _text_runaway(self, ci: int, ch: _Choice) -> Cut | None:
+        """The runaway rule over the text calls complete so far (the text up to its last closing
+        tag, when that parses), so that a runaway written as text is cut as it streams."""
+        assert self._repair is not None
+        text = "".join(ch.content)
+        end = max(text.rfind(t) + len(t) if t in text else -1 for t in _CLOSE_TAGS)
+        got = self._repair.calls(text[:end], ci) if end > 0 else None
+        if got is None:
+            return None
+        ch.so_far = got
+        return ch.answer.runaway(got[1], len(got[1]))
+
+    @staticmethod
     def _watch(ch: _Choice, delta: str) -> None:
         """Hold the choice's content once a possible opening tag appears (class docstring)."""
         if ch.tag_seen:
@@ -375,7 +402,7 @@ class StreamGuard(FramedGuard):
         if not ch.pending:
             return
         ch.pending = False
-        if ch.text_hold and cut is None and not ch.calls.calls and self._repaired(ci, ch):
+        if ch.text_hold and not ch.calls.calls and self._repaired(ci, ch, cut):
             return
         kept, cut, stop = ch.answer.decide(ch.calls.calls, cut)
         if cut is not None:
@@ -390,17 +417,18 @@ class StreamGuard(FramedGuard):
             ch.finish_reason = finish
             ch.insert = [self._call_chunk(ci, k, c) for k, c in enumerate(kept)]
 
-    def _repaired(self, ci: int, ch: _Choice) -> bool:
-        """Repair choice ``ci``'s held content when it holds calls; False when it does not."""
+    def _repaired(self, ci: int, ch: _Choice, cut: Cut | None = None) -> bool:
+        """Repair choice ``ci``'s held content when it holds calls; False when it does not.
+        ``cut``: the runaway cut that ends it mid-stream (over the calls complete so far)."""
         assert self._repair is not None
-        got = self._repair.calls("".join(ch.content), ci)
+        got = ch.so_far if cut is not None else self._repair.calls("".join(ch.content), ci)
         if got is None:
             return False
         found, calls = got
         held_from = min((h.text_at[ci] for h in self._held if ci in h.text_at), default=ch.length)
         text = found.text.rstrip()
         rest = text[held_from:]
-        kept, cut, stop = ch.answer.decide(calls, text=text)
+        kept, cut, stop = ch.answer.decide(calls, cut, text=text)
         self.actions.append(self._repair.action(found))
         if cut is not None:
             self.actions.append(cut)
