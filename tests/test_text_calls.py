@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.actions import Cut, Remind, Repair, Stop, Withhold
 from proxy.canonical import canonical_arguments
@@ -870,3 +872,68 @@ def test_sse_a_runaway_written_as_text_is_cut_as_it_streams() -> None:
         b"".join(d for d, _ in outs)
         == raw[0] + b"".join(calls) + compact(chunk({}, "tool_calls")) + b"data: [DONE]\n\n"
     )
+
+
+# --- properties over random markup ----------------------------------------------------------------
+
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<function=read>",
+    "<function=write>",
+    "</function>",
+    "<parameter=path>",
+    "</parameter>",
+    "<think>",
+    "</think>",
+    "```",
+    "\n",
+    " ",
+    "a.py",
+    '{"name": "read", "arguments": {"path": "a.py"}}',
+    '{"name": "grep", "arguments": {}}',
+    "<",
+    "<tool_",
+    "<func",
+    "text",
+    "é😀",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=24))
+def test_find_calls_never_raises_and_its_spans_are_in_order(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    found = find_calls(text, TOOLS)
+    if found is None:
+        return
+    assert text.startswith(found.text)
+    ends = [len(found.text)]
+    for c in found.calls:
+        assert c.start >= ends[-1] and c.end > c.start
+        assert set(text[ends[-1] : c.start].split()) <= {"</tool_call>"}  # whitespace, stray tags
+        assert c.name in TOOLS
+        ends.append(c.end)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=16), st.lists(st.integers(0, 4000), max_size=4))
+def test_sse_releases_unchanged_whatever_does_not_parse(pieces: list[str], cuts: list[int]) -> None:
+    """Random markup streamed one fragment a delta, read in random splits: when the whole content
+    holds no calls the agent gets exactly the upstream bytes; when it does, one repair."""
+    raw = content_stream(*pieces) if pieces else content_stream("x")
+    bounds = sorted({min(c, len(raw)) for c in cuts})
+    guard = StreamGuard(CFG, None, REPAIR)
+    out = b""
+    last = 0
+    for b in [*bounds, len(raw)]:
+        out += guard.feed(raw[last:b]).data
+        last = b
+    out += guard.finish()
+    found = find_calls("".join(pieces), TOOLS)
+    if found is None:
+        assert out == raw
+        assert guard.actions == []
+    else:
+        assert [a.kind for a in guard.actions][:1] == ["repair"]
+        assert b'"finish_reason":"tool_calls"' in out or b'"finish_reason":"stop"' in out

@@ -5,6 +5,9 @@ actions back into it (DESIGN §2.1).
 (:mod:`proxy.dialects.openai_chat`) and ``/responses`` (:mod:`proxy.dialects.openai_responses`;
 its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`` chains:
 :mod:`proxy.request.response_store`). Every other path is plain passthrough.
+
+Both read tool calls written as text in assistant messages (:mod:`proxy.dialects.text_calls`,
+issue 13) as steps like structured ones.
 """
 
 from __future__ import annotations
