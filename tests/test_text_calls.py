@@ -3,6 +3,7 @@ answers in JSON and SSE (split at every byte boundary), without sockets."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,7 +16,7 @@ from proxy.canonical import canonical_arguments
 from proxy.dialects import openai_chat, openai_responses
 from proxy.dialects.text_calls import find_calls, tool_responses
 from proxy.guards import build_guards
-from proxy.ops.config import Config, build
+from proxy.ops.config import Config, build, load_config
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json
 from proxy.response.repair import Repairer
@@ -937,3 +938,30 @@ def test_sse_releases_unchanged_whatever_does_not_parse(pieces: list[str], cuts:
     else:
         assert [a.kind for a in guard.actions][:1] == ["repair"]
         assert b'"finish_reason":"tool_calls"' in out or b'"finish_reason":"stop"' in out
+
+
+def test_prose_about_the_formats_under_the_shipped_defaults_takes_no_action() -> None:
+    """A user pasting the formats' docs again and again, an assistant answering with examples in
+    code fences and in prose (text after the block): no call is read, no action taken."""
+    cfg = load_config(Path(__file__).resolve().parent.parent / "config" / "loopguard.yaml")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You help with tool formats."}]
+    for k in range(8):
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Question {k}: models write {HERMES} and results come as "
+                "<tool_response>\nok\n</tool_response>. Why?",
+            }
+        )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Answer {k}:\n```\n{XML}\n```\nor inline: {HERMES} is one call.",
+            }
+        )
+        messages.append(in_results("quoted result"))
+    raw = orjson.dumps({"model": "m", "tools": CHAT_TOOLS, "messages": messages})
+    d = decide_request(raw, {}, build_guards(cfg.guards), ())
+    assert d.transcript is not None and d.transcript.calls == ()
+    assert d.actions == ()
+    assert d.body is raw
