@@ -965,3 +965,22 @@ def test_prose_about_the_formats_under_the_shipped_defaults_takes_no_action() ->
     assert d.transcript is not None and d.transcript.calls == ()
     assert d.actions == ()
     assert d.body is raw
+
+
+def test_sse_with_runaway_limits_off_text_calls_are_not_read_as_they_stream() -> None:
+    cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}})
+    raw = content_stream(*[HERMES] * 4)
+    guard = StreamGuard(cfg, None, REPAIR)
+    out = guard.feed(raw).data + guard.finish()
+    assert [a.kind for a in guard.actions] == ["repair"]
+    assert all(ch.so_far is None for ch in guard._choices.values())
+    assert out.count(b'"tool_calls":[{') == 4
+
+
+def test_sse_a_block_that_does_not_parse_stops_the_reading_as_it_streams_not_the_release() -> None:
+    bad = HERMES.replace('"read"', '"write"')
+    raw = content_stream(bad, HERMES, HERMES)
+    guard = StreamGuard(CFG, None, REPAIR)
+    out = guard.feed(raw).data + guard.finish()
+    assert [ch.watch_runaway for ch in guard._choices.values()] == [False]
+    assert out == raw and guard.actions == []

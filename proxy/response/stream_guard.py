@@ -101,6 +101,7 @@ class _Choice:
     drop_text: bool = False  # repaired: held content is replaced
     close_tail: str = ""  # the content's last characters, for a closing tag split across deltas
     so_far: tuple[Found, list[AssembledCall]] | None = None  # the complete text calls so far
+    watch_runaway: bool = True  # the calls so far are read at each closing tag
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -313,7 +314,8 @@ class StreamGuard(FramedGuard):
                         ch.pending = True
                     elif was:
                         ch.pending = False  # a start of a tag that was none: what it held goes out
-                    if ch.tag_seen and runaway is None and self._block_closed(ch, content):
+                    closed = ch.tag_seen and ch.watch_runaway and self._block_closed(ch, content)
+                    if closed and runaway is None:
                         rc = self._text_runaway(ci, ch)
                         runaway = (ci, rc) if rc else None
             cut = cut or self._texts(ch, delta)
@@ -347,6 +349,8 @@ class StreamGuard(FramedGuard):
         ch = self._choices.get(ci)
         if ch is None:
             ch = self._choices[ci] = _Choice(AnswerState(self._cfg, self._judge))
+            r = self._cfg.response
+            ch.watch_runaway = bool(r.max_calls_per_response or r.max_identical_per_response)
         return ch
 
     @staticmethod
@@ -378,6 +382,9 @@ class StreamGuard(FramedGuard):
         end = max(text.rfind(t) + len(t) if t in text else -1 for t in _CLOSE_TAGS)
         got = self._repair.calls(text[:end], ci) if end > 0 else None
         if got is None:
+            # text up to a </tool_call> that does not parse will not parse later either (short of
+            # that tag inside a JSON string): stop reading it as it streams, repair may still run
+            ch.watch_runaway = not text.endswith(_CLOSE_TAGS[0], 0, end)
             return None
         ch.so_far = got
         return ch.answer.runaway(got[1], len(got[1]))
