@@ -4,7 +4,8 @@
   of the step's last tool result); ``delivery`` is ``"user"`` (a new user message) or
   ``"tool_suffix"`` (appended to that tool result); ``call`` is the ``seq`` of the call it is
   about (None for reminders about text or time), read by the escalation ladder.
-- :class:`Withhold` replaces the content of the tool result at message index ``position``;
+- :class:`Withhold` replaces the content of the tool result at message index ``position`` (only
+  the text inside its ``part``-th ``<tool_response>`` block when ``part`` is set);
   ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
   or ``"cap"``), for stats and the incident log.
 - :class:`Stop` (response side) ends the agent's turn; ``reason`` is ``"denials"`` (a call the
@@ -13,6 +14,9 @@
 - :class:`Cut` (response side) shortens a response: ``rule`` ``"runaway"`` (``reason`` ``"calls"``
   or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
+
+- :class:`Repair` (response side) rewrote tool calls the model wrote as text into structured
+  calls (issue 13, ``response.repair_text_tool_calls``).
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
@@ -51,6 +55,9 @@ class Withhold:
     limit: int | None
     fresh: bool
     reason: str = ""
+    #: the result is the ``part``-th ``<tool_response>`` block of that (user) message, a text
+    #: call's result (:mod:`proxy.dialects.text_calls`); None: the whole message content
+    part: int | None = None
     kind: ClassVar[str] = "withhold"
 
 
@@ -67,6 +74,21 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True)
+class Repair:
+    """(issue 13) A chat answer's tool calls written as text, rewritten into structured calls.
+    ``tool``: the first call's name; ``count``: how many calls; ``reason``: the markup's form
+    (``hermes``, ``xml``; ``mixed`` when both)."""
+
+    rule: str
+    tool: str
+    count: int
+    reason: str = ""
+    limit: int | None = None
+    fresh: bool = True
+    kind: ClassVar[str] = "repair"
+
+
+@dataclass(frozen=True, slots=True)
 class Cut:
     rule: str
     tool: str
@@ -78,4 +100,4 @@ class Cut:
     kind: ClassVar[str] = "cut"
 
 
-Action = Remind | Withhold | Stop | Cut
+Action = Remind | Withhold | Stop | Cut | Repair

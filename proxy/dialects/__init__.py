@@ -8,6 +8,9 @@ its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`
 Anthropic Messages). Every other path is plain passthrough (``/v1/messages/count_tokens``,
 ``/v1/models``, …). The suffixes end in different words, so at most one matches a path and the
 order of the registry does not matter; the query string is never part of the path.
+
+Chat and Responses read tool calls written as text in assistant messages
+(:mod:`proxy.dialects.text_calls`, issue 13) as steps like structured ones.
 """
 
 from __future__ import annotations

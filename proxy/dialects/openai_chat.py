@@ -10,6 +10,25 @@ Writes (:func:`apply`): withheld results get their content replaced by the denia
 parts becomes that string); reminders become one ``user`` message per step inserted right after the
 step's last tool result, or are appended to that result (``tool_suffix``). Several reminders for
 one step are merged into one message, texts joined by a blank line, in action order.
+
+Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`): an assistant message
+without structured calls whose content (a string, or its text parts joined) holds complete call
+blocks is a step with those calls (no ids; their text is what comes before the first block). Only
+the offered ``tools`` are calls when the request has ``tools``; without ``tools`` (agents that read
+calls from text themselves) any well-formed name is. Their results come back
+
+- as ``tool`` messages: matched in order (no ids to match by: the oldest call of the latest step
+  still without a result; a ``tool_call_id`` the step does not know is matched the same way), or
+- as one ``user`` message right after the step (or its tool messages) made only of
+  ``<tool_response>…</tool_response>`` blocks, one per call in order (the Qwen templates' own form):
+  that message is the step's results, not a user turn. A user message with anything else in it is
+  what the user said, whatever tags it quotes.
+
+A withheld result there has only its block's inner text replaced (the rest of the message, other
+blocks included, is kept); a reminder after it is a ``user`` message after that message (with
+``tool_suffix``, appended to its content: after the last ``</tool_response>``), so the template
+still renders the results as results. A conversation mixing structured and text calls is one
+sequence of steps.
 """
 
 from __future__ import annotations
@@ -18,9 +37,9 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.actions import Action
+from proxy.actions import Action, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
@@ -55,6 +74,7 @@ def parse_request(body: Any) -> Transcript:
     texts: list[int] = []
     said: list[Said] = []
     pending: dict[str | None, deque[int]] = defaultdict(deque)
+    tools = text_calls.offered_tools(body)
     turn = 0
     last_kind = ""
 
@@ -63,9 +83,19 @@ def parse_request(body: Any) -> Transcript:
             raise DialectError(f"message {pos} is not an object")
         role = msg.get("role")
         if role == "user":
+            text = content_text(msg.get("content"))
+            waiting = _text_results_wanted(steps, calls) if last_kind == "step" else []
+            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
+            if results is not None:  # the results of the text calls before it, not a user turn
+                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
+                    calls[seq]["result"] = ToolResult(pos, result, part=part)
+                    pending[None].remove(seq)
+                    step = steps[calls[seq]["step"]]
+                    step["end"] = pos
+                continue
             turn += 1
             users.append(pos)
-            said.append(Said(pos, "user", content_text(msg.get("content"))))
+            said.append(Said(pos, "user", text))
             last_kind = "user"
         elif role == "assistant":
             text = content_text(msg.get("content"))
@@ -85,9 +115,18 @@ def parse_request(body: Any) -> Transcript:
             fc = msg.get("function_call")
             if not entries and isinstance(fc, dict):
                 entries.append((None, fc.get("name"), fc.get("arguments")))
+            written = None
+            if not entries and ("<tool_call>" in text or "<function=" in text):
+                written = text_calls.find_calls(text, tools)
+            if written is not None:  # calls written as text (issue 13)
+                entries = [(None, c.name, c.arguments) for c in written.calls]
+                text = written.text
+                if texts and texts[-1] == pos and not text.strip():
+                    texts.pop()
             said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None}
+                step["text"] = written is not None
                 steps.append(step)
                 for cid, name, raw in entries:
                     seq = len(calls)
@@ -115,7 +154,7 @@ def parse_request(body: Any) -> Transcript:
             seq = None
             if queue:
                 seq = queue.popleft()
-            elif steps and (cid is None or role == "function"):
+            elif steps and (cid is None or role == "function" or steps[-1].get("text")):
                 # No id: answer the oldest call of the latest step still waiting for a result.
                 for s in steps[-1]["calls"]:
                     if calls[s]["result"] is None:
@@ -131,7 +170,14 @@ def parse_request(body: Any) -> Transcript:
         else:
             last_kind = "other"
 
-    return build(calls, steps, users, texts, len(messages), last_kind == "step", said)
+    return build(calls, steps, users, texts, len(messages), last_kind == "step", said, tools)
+
+
+def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+    """The seqs of the latest step's calls still without a result, when it is a text step."""
+    if not steps or not steps[-1].get("text"):
+        return []
+    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).
@@ -149,4 +195,9 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     (or are appended to the content). Returns the new body, or None when no action applies.
     ``body``: ``raw`` decoded, when the caller has it. Rules: :func:`proxy.dialects.edits.apply`.
     """
+    if any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        if body is None:
+            body = jsonbody.decode(raw)
+        messages = body.get("messages") if isinstance(body, dict) else None
+        actions = edits.whole_results(actions, messages, lambda m: content_text(m.get("content")))
     return edits.apply(raw, actions, body, WIRE)

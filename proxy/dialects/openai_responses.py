@@ -12,6 +12,11 @@ indexes into that list.
   the run of call items between other items (``reasoning`` items inside the run do not split it).
 - ``function_call_output`` / ``custom_tool_call_output`` (``call_id``, ``output`` a string or
   parts) are results, matched by ``call_id`` (the first call still waiting with that id).
+- Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`) in an assistant
+  ``message`` item's text are a step of their own at that item, read as the chat dialect reads
+  them (:mod:`proxy.dialects.openai_chat`): results in a user ``message`` item made only of
+  ``<tool_response>`` blocks (no turn), a withhold replacing the text inside its block (the item's
+  ``content`` then becomes that string). The answers' side is not repaired in this dialect.
 - ``reasoning`` and every other item type (``web_search_call``, ``local_shell_call``, …) pass
   through unread. ``instructions`` is not part of the history.
 
@@ -37,7 +42,7 @@ from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits, jsonbody
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
@@ -93,6 +98,7 @@ def parse_request(body: Any) -> Transcript:
     texts: list[int] = []
     said: list[Said] = []
     pending: dict[str | None, deque[int]] = defaultdict(deque)
+    tools = text_calls.offered_tools(body)
     turn = 0
     last_kind = ""  # "step" while the history ends with a step and its outputs
     in_step = False  # the previous item (reasoning aside) was a call of the current step
@@ -149,20 +155,60 @@ def parse_request(body: Any) -> Transcript:
                 last_kind = "other"
             continue
         if kind == "message" and item.get("role") == "user":
+            text = content_text(item.get("content"))
+            waiting = _text_results_wanted(steps, calls) if last_kind == "step" else []
+            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
+            if results is not None:  # the results of the text calls before it, not a user turn
+                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
+                    calls[seq]["result"] = ToolResult(pos, result, part=part)
+                    pending[None].remove(seq)
+                    steps[calls[seq]["step"]]["end"] = pos
+                continue
             turn += 1
             users.append(pos)
-            said.append(Said(pos, "user", content_text(item.get("content"))))
+            said.append(Said(pos, "user", text))
             last_kind = "user"
         elif kind == "message" and item.get("role") == "assistant":
             text = content_text(item.get("content"))
+            written = None
+            if "<tool_call>" in text or "<function=" in text:
+                written = text_calls.find_calls(text, tools)
+            if written is not None:  # calls written as text (issue 13): a step of their own
+                text = written.text
+                step = {"index": len(steps), "position": pos, "calls": [], "end": None, "text": True}
+                steps.append(step)
+                for c in written.calls:
+                    seq = len(calls)
+                    calls.append(
+                        {
+                            "seq": seq,
+                            "step": step["index"],
+                            "turn": turn,
+                            "position": pos,
+                            "call_id": None,
+                            "name": c.name,
+                            "arguments_raw": c.arguments,
+                            "arguments": c.arguments,
+                            "result": None,
+                        }
+                    )
+                    step["calls"].append(seq)
+                    pending[None].append(seq)
             if text.strip():
                 texts.append(pos)
-            said.append(Said(pos, "assistant", text))
-            last_kind = "assistant"
+            said.append(Said(pos, "assistant", text, written is not None))
+            last_kind = "step" if written is not None else "assistant"
         else:
             last_kind = "other"
 
-    return build(calls, steps, users, texts, len(items), last_kind == "step", said)
+    return build(calls, steps, users, texts, len(items), last_kind == "step", said, tools)
+
+
+def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+    """The seqs of the latest step's calls still without a result, when it is a text step."""
+    if not steps or not steps[-1].get("text"):
+        return []
+    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
 
 
 def _result_member(kind: edits.Kind) -> str:
@@ -191,7 +237,17 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     """Apply request-side actions to the body ``raw`` (module docstring; rules in
     :func:`proxy.dialects.edits.apply`). Returns the new body, or None when no action applies (a
     string ``input`` never has one)."""
-    return edits.apply(raw, actions, body, WIRE)
+    return edits.apply(raw, _whole(raw, actions, body), body, WIRE)
+
+
+def _whole(raw: bytes, actions: Sequence[Action], body: Any) -> Sequence[Action]:
+    """Withholds of ``<tool_response>`` blocks as withholds of their item (:func:`edits.whole_results`)."""
+    if not any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        return actions
+    if body is None:
+        body = jsonbody.decode(raw)
+    items = body.get("input") if isinstance(body, dict) else None
+    return edits.whole_results(actions, items, lambda item: content_text(item.get("content")))
 
 
 # --- previous_response_id chains (proxy.request.response_store) ------------------------------
@@ -257,7 +313,7 @@ def apply_chained(
     array, ``b""`` for none) are put first in ``input``. Returns the new body, or None when
     nothing changes."""
     shifted = [s for s in (_shifted(a, count) for a in actions) if s is not None]
-    out = edits.apply(raw, shifted, body, WIRE) if shifted else None
+    out = edits.apply(raw, _whole(raw, shifted, body), body, WIRE) if shifted else None
     if repair:
         out = _prepend(out, repair, None) if out is not None else _prepend(raw, repair, body)
     return out

@@ -28,6 +28,8 @@ for compression get exactly what the upstream sent). Everything else is plain pa
   :mod:`proxy.response.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
   :class:`StreamGuard` (so runaway and degenerate cuts close the upstream at once), and what it
   lets through is assembled into the one JSON answer the agent asked for.
+- Chat answers to requests that offered ``tools`` carry the request's repair of calls written as
+  text (:mod:`proxy.response.repair`, ``response.repair_text_tool_calls``) into both paths.
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
   ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
   rest of the response is relayed as is.
@@ -52,11 +54,12 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
-from proxy.response import messages_stream
+from proxy.response import messages_stream, repair
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
 from proxy.response.decide import StopJudge, decide_json, earlier_stops
 from proxy.response.messages_stream import MessagesStreamGuard
+from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import FramedGuard, StreamGuard
 
@@ -83,6 +86,8 @@ class ResponseSide:
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
     pending: Awaitable[None] | None = None
+    #: calls written as text are repaired (chat answers to requests that offered tools; issue 13)
+    repair: Repairer | None = None
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -110,6 +115,7 @@ def enabled(cfg: Config) -> bool:
         or r.max_calls_per_response
         or r.max_identical_per_response
         or r.degenerate_text.enabled
+        or r.repair_text_tool_calls
     )
 
 
@@ -144,7 +150,12 @@ def plan(
         ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
         judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
     wire = "chat" if guarded is True else str(guarded)
-    return ResponseSide(kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None)
+    fix = None
+    if wire == "chat" and decision is not None:
+        fix = repair.for_request(cfg, decision.transcript, decision.body)
+    return ResponseSide(
+        kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None, repair=fix
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -171,8 +182,11 @@ async def relay_sse(
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    kind = _STREAM_GUARDS.get(side.wire, StreamGuard)
-    guard: FramedGuard | None = kind(side.cfg, side.judge)
+    guard: FramedGuard | None = (
+        StreamGuard(side.cfg, side.judge, side.repair)
+        if side.wire == "chat"
+        else _STREAM_GUARDS[side.wire](side.cfg, side.judge)
+    )
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
@@ -255,7 +269,7 @@ async def relay_json(
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         else:
-            new, actions = decide_json(raw, side.judge, side.cfg)
+            new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)
@@ -319,7 +333,7 @@ async def relay_as_json(
     agent's JSON answer. On a cut the upstream is closed at once and reading stops. An upstream
     read error ends the reading (what the guard held is assembled unchanged) and is returned
     with the assembly: an answer that was complete before it is still whole."""
-    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None else None
+    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge, side.repair) if side is not None else None
     assembly = Assembly()
     unsettled = bytearray()  # bytes received and not yet settled by the guard
     error: Exception | None = None

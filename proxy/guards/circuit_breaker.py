@@ -136,6 +136,7 @@ class CircuitBreaker:
             actions.append(
                 Withhold(
                     position=call.result.position,
+                    part=call.result.part,
                     call_id=call.call_id,
                     text=self._texts[kind].format(tool=call.name, count=count, limit=limit, kind=kind),
                     rule=RULE,

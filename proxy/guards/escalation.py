@@ -159,6 +159,7 @@ class Escalation:
             actions.append(
                 Withhold(
                     position=call.result.position,
+                    part=call.result.part,
                     call_id=call.call_id,
                     text=WITHHOLD_TEXT.format(count=count, subject=subject, tool=call.name),
                     rule=RULE,

@@ -542,11 +542,17 @@ class DegenerateTextConfig:
 
 @dataclass(frozen=True)
 class ResponseConfig:
-    """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit."""
+    """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit.
+
+    ``repair_text_tool_calls`` (issue 13, default on): a chat answer to a request that offered
+    ``tools``, with no structured calls, whose content holds complete call blocks naming offered
+    tools (:mod:`proxy.dialects.text_calls`), is rewritten into structured ``tool_calls``
+    (:mod:`proxy.response.repair`). False: such answers pass as they came, byte for byte."""
 
     max_calls_per_response: int = 32
     max_identical_per_response: int = 2
     degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
+    repair_text_tool_calls: bool = True
 
     def check(self, path: str) -> None:
         for key in ("max_calls_per_response", "max_identical_per_response"):

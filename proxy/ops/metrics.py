@@ -12,7 +12,9 @@ read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 :mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
 before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-state backend
-calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`), and
+calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
+``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
+calls, written as text and repaired: issue 13), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -36,6 +38,8 @@ _COUNTERS = (
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
     ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
+    ("responses_repaired", "Answers whose tool calls written as text were repaired into structured calls."),
+    ("text_calls_repaired", "Tool calls written as text that were repaired into structured calls."),
 )
 
 

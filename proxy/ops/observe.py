@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.actions import Action, Cut, Stop, Withhold
+from proxy.actions import Action, Cut, Repair, Stop, Withhold
 from proxy.ops.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -89,9 +89,10 @@ def configure_logging(level: str = "info") -> None:
 
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
-    has one (withhold, stop, cut), and ``applied: false`` for a cut only reported (no texts)."""
+    has one (withhold, stop, cut; a repair's markup form), and ``applied: false`` for a cut only
+    reported (no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
-    if isinstance(a, Withhold | Stop | Cut) and a.reason:
+    if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
@@ -114,6 +115,9 @@ class Stats:
     #: response side: turns ended (Stop), responses cut (runaway / degenerate text, applied ones)
     stops: int = 0
     responses_cut: int = 0
+    #: answers whose calls written as text were repaired, and those calls (issue 13)
+    responses_repaired: int = 0
+    text_calls_repaired: int = 0
     internal_errors: int = 0
     upstream_errors: int = 0
     #: requests the agent went away from before it had the whole answer (the upstream request
@@ -131,7 +135,7 @@ class Stats:
     backend_errors: Counter[str] = field(default_factory=Counter)
 
     def record_actions(self, actions: Iterable[Action]) -> None:
-        withheld: set[int] = set()  # a result two guards withhold is one result withheld
+        withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
         for a in actions:
             if not a.fresh:
                 continue
@@ -140,7 +144,7 @@ class Stats:
             if a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":
-                position = a.position if isinstance(a, Withhold) else -1
+                position = (a.position, a.part) if isinstance(a, Withhold) else (-1, None)
                 if position not in withheld:
                     withheld.add(position)
                     self.results_withheld += 1
@@ -150,6 +154,9 @@ class Stats:
                 self.stops += 1
             elif isinstance(a, Cut) and a.applied:
                 self.responses_cut += 1
+            elif isinstance(a, Repair):
+                self.responses_repaired += 1
+                self.text_calls_repaired += a.count
 
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
@@ -164,6 +171,8 @@ class Stats:
             "results_withheld": self.results_withheld,
             "stops": self.stops,
             "responses_cut": self.responses_cut,
+            "responses_repaired": self.responses_repaired,
+            "text_calls_repaired": self.text_calls_repaired,
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,

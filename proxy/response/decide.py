@@ -23,6 +23,8 @@
   ignored) beyond ``max_identical_per_response``; that call and everything after it are dropped.
   The stream relay applies the same rule as calls complete, so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
+- **Repair** (issue 13, :mod:`proxy.response.repair`): calls the model wrote as text become
+  structured calls before the two decisions above, which then judge them like any others.
 
 :func:`decide_json` rewrites a whole ``chat.completion`` body; the streaming counterpart is
 :mod:`proxy.response.stream_guard`. :func:`earlier_stops` finds the stops already in a conversation's
@@ -51,6 +53,7 @@ from proxy.guards.monologue import Monologue
 from proxy.ops.config import Config, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
+from proxy.response.repair import Repairer
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"
@@ -316,9 +319,13 @@ def message_calls(message: dict[str, Any]) -> list[AssembledCall]:
     return out
 
 
-def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes | None, list[Action]]:
+def decide_json(
+    raw: bytes, judge: StopJudge | None, cfg: Config, repair: Repairer | None = None
+) -> tuple[bytes | None, list[Action]]:
     """Decide on a whole ``chat.completion`` body. Returns the rewritten body (None = forward the
-    original bytes) and the actions taken. A body that is not a completion is left alone."""
+    original bytes) and the actions taken. A body that is not a completion is left alone.
+    ``repair``: calls written as text in a choice without structured calls are rewritten first
+    (:mod:`proxy.response.repair`) and then judged like any other calls."""
     try:
         obj = jsonbody.decode(raw)
     except jsonbody.Unreadable:
@@ -327,10 +334,18 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
         return None, []
     actions: list[Action] = []
     changed = False
-    for choice in obj["choices"]:
+    for n, choice in enumerate(obj["choices"]):
         msg = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(msg, dict):
             continue
+        fixed = None
+        if repair is not None and not message_calls(msg):
+            index = choice.get("index")
+            fixed = repair.message(msg, index if isinstance(index, int) else n)
+        if fixed is not None:
+            actions.append(fixed)
+            choice["finish_reason"] = "tool_calls"
+            changed = True
         for field, reason in (("content", "content"), *((f, "reasoning") for f in REASONING_FIELDS)):
             text = msg.get(field)
             repeats = detect_text(text, cfg) if isinstance(text, str) else None
