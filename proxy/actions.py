@@ -16,10 +16,17 @@
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
+
+``observed`` is True for an action of a rule in observe mode (issue 16,
+:meth:`proxy.ops.config.Config.observed_rules`): decided, logged, counted and recorded like any
+other, but not applied (:func:`mark_observed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -37,6 +44,7 @@ class Remind:
     fresh: bool
     delivery: Delivery = "user"
     call: int | None = None
+    observed: bool = False
     kind: ClassVar[str] = "remind"
 
 
@@ -51,6 +59,7 @@ class Withhold:
     limit: int | None
     fresh: bool
     reason: str = ""
+    observed: bool = False
     kind: ClassVar[str] = "withhold"
 
 
@@ -63,6 +72,7 @@ class Stop:
     limit: int | None
     fresh: bool = True
     reason: str = ""
+    observed: bool = False
     kind: ClassVar[str] = "stop"
 
 
@@ -75,7 +85,21 @@ class Cut:
     reason: str = ""
     applied: bool = True
     fresh: bool = True
+    observed: bool = False
     kind: ClassVar[str] = "cut"
 
 
 Action = Remind | Withhold | Stop | Cut
+
+
+def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tuple[Action, ...]:
+    """``actions`` with ``observed=True`` on each whose ``rule`` is in ``observed`` (the rules in
+    observe mode), in the same order; the others unchanged (the same objects)."""
+    if not observed:
+        return tuple(actions)
+    return tuple(dataclasses.replace(a, observed=True) if a.rule in observed else a for a in actions)
+
+
+def applied(actions: Iterable[Action]) -> tuple[Action, ...]:
+    """The actions that are applied: those not ``observed``."""
+    return tuple(a for a in actions if not a.observed)

@@ -79,9 +79,7 @@ def episodes(transcript: Transcript, rule: ContinuationRule) -> tuple[int, ...]:
     if _last is not None and _last[0] is transcript.calls and _last[1] == rule:
         return _last[2]
     said = {s.position: s.text for s in transcript.said if s.role == "user"}
-    new_requests = [
-        pos for pos in transcript.user_positions if pos not in said or not rule(said[pos])
-    ]
+    new_requests = [pos for pos in transcript.user_positions if pos not in said or not rule(said[pos])]
     out: list[int] = []
     k = 0
     for call in transcript.calls:

@@ -33,6 +33,7 @@ for compression get exactly what the upstream sent). Everything else is plain pa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.actions import Action, Stop
+from proxy.actions import Action, Stop, applied
 from proxy.guards import Context, Guard
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
@@ -75,6 +76,44 @@ class ResponseSide:
     on_answer: Callable[[Answer], None] | None = None
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
+    #: the observed part of the response side (issue 16), reading the same bytes, changing none
+    shadow: Shadow | None = None
+    #: the upstream's answer for the capture (``capture.path``, chat only): SSE assembled, JSON whole
+    tap: Assembly | bytearray | None = None
+
+    def read(self, chunk: bytes, stats: Stats) -> None:
+        """Upstream bytes, as they came, for the shadow and the capture tap (never raises)."""
+        if self.shadow is not None:
+            self.shadow.feed(chunk, stats)
+        if self.tap is not None:
+            try:
+                if isinstance(self.tap, bytearray):
+                    self.tap += chunk
+                else:
+                    self.tap.feed(chunk)
+            except Exception as exc:
+                failed(stats, "tap", exc)
+                self.tap = None
+
+    def upstream_answer(self) -> bytes | None:
+        """The upstream's ``chat.completion`` as read by the tap (None: not read, or incomplete)."""
+        tap, self.tap = self.tap, None
+        if isinstance(tap, bytearray):
+            return bytes(tap)
+        if tap is None:
+            return None
+        tap.finish()
+        answer = tap.answer()
+        return answer[1] if answer is not None and answer[0] == 200 else None
+
+    def observed(self, stats: Stats) -> None:
+        """Add the shadow's actions, marked observed (a shadow stop only when no stop was
+        applied: one answer is stopped once). Fails open."""
+        shadow, self.shadow = self.shadow, None
+        if shadow is None:
+            return
+        stopped = any(isinstance(a, Stop) for a in self.actions)
+        self.actions.extend(a for a in shadow.finish(stats) if not (stopped and isinstance(a, Stop)))
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -89,13 +128,78 @@ class ResponseSide:
 
 
 def enabled(cfg: Config) -> bool:
+    return bool(StopJudge.enabled(cfg) or _cuts(cfg))
+
+
+def _cuts(cfg: Config) -> bool:
+    """The runaway or degenerate-text checks are on (``response.*``)."""
     r = cfg.response
-    return bool(
-        StopJudge.enabled(cfg)
-        or r.max_calls_per_response
-        or r.max_identical_per_response
-        or r.degenerate_text.enabled
+    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
+
+
+def without_cuts(cfg: Config) -> Config:
+    """``cfg`` with the runaway and degenerate-text checks off (the part ``response.mode`` covers)."""
+    r = cfg.response
+    off = dataclasses.replace(
+        r,
+        max_calls_per_response=0,
+        max_identical_per_response=0,
+        degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
     )
+    return dataclasses.replace(cfg, response=off)
+
+
+class Shadow:
+    """The observed part of the response side (issue 16, ``mode: observe``): it reads the bytes
+    the agent gets unchanged (an SSE body chunk by chunk through its own stream guard, a JSON
+    body whole at the end) and decides what enforcing would (a stop with every request action
+    and every guard, the cuts when ``response.mode`` is observed), but holds, changes and aborts
+    nothing: the guard's output is dropped. :meth:`finish` gives its actions marked observed.
+    An exception in it is counted (``internal_errors``) and ends the shadow only."""
+
+    __slots__ = ("_body", "_cfg", "_failed", "_guard", "_judge", "_wire")
+
+    def __init__(self, wire: str, sse: bool, cfg: Config, judge: StopJudge | None) -> None:
+        self._wire = wire
+        self._cfg = cfg
+        self._judge = judge
+        kind = ResponsesStreamGuard if wire == "responses" else StreamGuard
+        self._guard: StreamGuard | ResponsesStreamGuard | None = kind(cfg, judge) if sse else None
+        self._body = bytearray()
+        self._failed = False
+
+    @property
+    def complete(self) -> bool:
+        """The stream said how it ended (SSE; False for JSON and after the shadow's own cut)."""
+        return self._guard is not None and self._guard.complete and not self._guard.aborted
+
+    def feed(self, chunk: bytes, stats: Stats) -> None:
+        if self._failed:
+            return
+        try:
+            if self._guard is None:
+                self._body += chunk
+            elif not self._guard.aborted:
+                self._guard.feed(chunk)
+        except Exception as exc:
+            failed(stats, "shadow", exc)
+            self._failed = True
+
+    def finish(self, stats: Stats) -> list[Action]:
+        actions: list[Action] = []
+        try:
+            if self._guard is not None:
+                if not self._failed and not self._guard.aborted:
+                    self._guard.finish()
+                actions = list(self._guard.actions)
+            elif not self._failed and self._wire == "responses":
+                _, actions, _ = responses_answer.decide_json_answer(bytes(self._body), self._judge, self._cfg)
+            elif not self._failed:
+                _, actions = decide_json(bytes(self._body), self._judge, self._cfg)
+        except Exception as exc:
+            failed(stats, "shadow", exc)
+        self._body.clear()
+        return [dataclasses.replace(a, observed=True) for a in actions]
 
 
 def plan(
@@ -105,10 +209,35 @@ def plan(
     guards: tuple[Guard, ...],
     cfg: Config,
     on_answer: Callable[[Answer], None] | None = None,
+    tap: bool = False,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
     the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None.
-    ``on_answer``: the response store's hook for a Responses answer (None: not wanted)."""
+    ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
+    ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
+    side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
+    readable = upstream.status == 200 and upstream.headers.get("Content-Encoding") is None
+    sse = upstream.content_type == "text/event-stream"
+    if (
+        tap
+        and readable
+        and guarded in (True, "chat")
+        and (sse or upstream.content_type == "application/json")
+    ):
+        if side is None:  # the response side reads nothing: relayed unchanged, read for the capture
+            side = ResponseSide("observe", cfg, None, "chat")
+        side.tap = Assembly() if sse else bytearray()
+    return side
+
+
+def _plan(
+    guarded: bool | str,
+    upstream: aiohttp.ClientResponse,
+    decision: RequestDecision | None,
+    guards: tuple[Guard, ...],
+    cfg: Config,
+    on_answer: Callable[[Answer], None] | None = None,
+) -> ResponseSide | None:
     if not guarded or upstream.status != 200:
         return None
     ctype = upstream.content_type
@@ -119,17 +248,34 @@ def plan(
     else:
         return None
     encoding = upstream.headers.get("Content-Encoding")
-    if not enabled(cfg) or encoding is not None:
-        if on_answer is None or guarded != "responses":
-            return None
-        capture = ResponseCapture(kind == "sse", encoding)
-        return ResponseSide("observe", cfg, None, "responses", on_answer=on_answer, capture=capture)
-    judge = None
+    wire = "chat" if guarded is True else str(guarded)
+    # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
+    observed = cfg.observed_rules()
+    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
+    judge = shadow_judge = None
     if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
         ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
-        judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
-    wire = "chat" if guarded is True else str(guarded)
-    return ResponseSide(kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None)
+        if "stop" not in observed:  # an enforced stop counts only what was applied
+            enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
+            judge = StopJudge(decision.transcript, applied(decision.actions), enforced, ctx, cfg)
+        if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
+            shadow_judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
+    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
+    shadow = None
+    if encoding is None and (shadow_judge is not None or _cuts(shadow_cfg)):
+        shadow = Shadow(wire, kind == "sse", shadow_cfg, shadow_judge)
+    if (judge is None and not _cuts(enforce_cfg)) or encoding is not None:
+        if on_answer is None or wire != "responses":
+            if shadow is None:
+                return None
+            return ResponseSide("observe", cfg, None, wire, shadow=shadow)
+        capture = ResponseCapture(kind == "sse", encoding)
+        return ResponseSide(
+            "observe", cfg, None, "responses", on_answer=on_answer, capture=capture, shadow=shadow
+        )
+    return ResponseSide(
+        kind, enforce_cfg, judge, wire, on_answer=on_answer if wire == "responses" else None, shadow=shadow
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -154,6 +300,7 @@ async def relay_sse(
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
+            side.read(chunk, stats)
             if guard is None:
                 await response.write(chunk)
                 continue
@@ -202,6 +349,7 @@ async def relay_sse(
     finally:
         if guard is not None:
             side.actions.extend(guard.actions)
+        side.observed(stats)
 
 
 async def relay_json(
@@ -224,6 +372,8 @@ async def relay_json(
         await response.write(bytes(body))
         raise
     raw = bytes(body)
+    side.read(raw, stats)
+    side.observed(stats)
     try:
         if side.wire == "responses":
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
@@ -247,12 +397,28 @@ async def relay_observed(
     """Relay the body unchanged, chunk by chunk (``response`` prepared by the caller), while
     ``side.capture`` reads it for the store; a failure there stops the reading, never the relay.
     A JSON body is decoded when its last byte has arrived (``Content-Length``) or the upstream
-    ended it, before that byte is written or the agent's body is ended."""
-    capture = side.capture
-    length = upstream.content_length
+    ended it, before that byte is written or the agent's body is ended. ``side.shadow`` (observe
+    mode) reads the same chunks and decides what enforcing would, changing none."""
+    try:
+        await _relay_observed(upstream, response, side, stats, side.capture, upstream.content_length)
+    finally:
+        side.observed(stats)
+
+
+async def _relay_observed(
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    side: ResponseSide,
+    stats: Stats,
+    capture: ResponseCapture | None,
+    length: int | None,
+) -> None:
     received = 0
     async for chunk in upstream.content.iter_any():
         received += len(chunk)
+        side.read(chunk, stats)
+        if side.shadow is not None and side.shadow.complete:
+            side.delivered = True
         if capture is not None:
             try:
                 capture.feed(chunk)
@@ -291,13 +457,16 @@ async def relay_as_json(
     agent's JSON answer. On a cut the upstream is closed at once and reading stops. An upstream
     read error ends the reading (what the guard held is assembled unchanged) and is returned
     with the assembly: an answer that was complete before it is still whole."""
-    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None else None
+    enforcing = side is not None and side.kind != "observe"
+    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None and enforcing else None
     assembly = Assembly()
     unsettled = bytearray()  # bytes received and not yet settled by the guard
     error: Exception | None = None
     try:
         try:
             async for chunk in upstream.content.iter_any():
+                if side is not None:
+                    side.read(chunk, stats)
                 if guard is None:
                     assembly.feed(chunk)
                     continue
@@ -329,6 +498,8 @@ async def relay_as_json(
     finally:
         if guard is not None and side is not None:
             side.actions.extend(guard.actions)
+        if side is not None:
+            side.observed(stats)
 
 
 def record(

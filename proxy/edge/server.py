@@ -48,9 +48,11 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import jsonbody, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.guards import Guard, build_guards
+from proxy.ops import capture
+from proxy.ops.capture import CaptureLog
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -77,6 +79,14 @@ RESPONSES_KEY = web.AppKey("responses_store", ResponseStore)
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
 INFLIGHT_KEY = web.AppKey("inflight", set)
+#: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
+CAPTURE_KEY = web.AppKey("capture", CaptureLog)
+#: ``request[UPSTREAM_ANSWER]``: the upstream's chat answer as the capture tap read it (bytes).
+UPSTREAM_ANSWER: Any = (
+    web.RequestKey("loopguard.upstream_answer", bytes)
+    if hasattr(web, "RequestKey")
+    else "loopguard.upstream_answer"
+)
 
 log = structlog.get_logger("loopguard")
 
@@ -114,6 +124,7 @@ def _trace_config() -> aiohttp.TraceConfig:
     trace = aiohttp.TraceConfig()
     trace.on_connection_reuseconn.append(_note_reuse)
     return trace
+
 
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
 #: names it apart from a connect timeout; older versions give the common parent).
@@ -240,6 +251,7 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
             state_for=memory.state_for(now_ms),
             dialect=dialect,
             previous=app[RESPONSES_KEY].get if dialect is openai_responses else None,
+            observed=app[CONFIG_KEY].observed_rules(),
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1
@@ -383,6 +395,29 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             st.disconnects += 1
         failed = "upstream_error" in fields or "disconnected" in fields or "shutdown" in fields
         (log.warning if failed else log.info)("request", **fields)
+        if CAPTURE_KEY in app and decision.transcript is not None:
+            _capture(request, raw, decision)
+
+
+def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> None:
+    """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
+    app = request.app
+    cfg = app[CONFIG_KEY]
+    try:
+        upstream_answer = request.get(UPSTREAM_ANSWER)
+        data = capture.line(
+            time_ms=app[MEMORY_KEY].clock(),
+            conversation=decision.conversation,
+            dialect="responses" if _guarded(request) == "responses" else "chat",
+            body=jsonbody.decode(raw),
+            answer=capture.answer_of(upstream_answer) if upstream_answer else None,
+            contents=cfg.capture.contents,
+            masks=cfg.progress.compiled(),
+        )
+        app[CAPTURE_KEY].write(data)
+    except Exception as exc:
+        app[STATS_KEY].internal_errors += 1
+        log.error("capture_error", error=type(exc).__name__)
 
 
 def _as_stream(request: web.Request, decision: RequestDecision) -> bytes | None:
@@ -472,7 +507,13 @@ async def _forward(
     side: relay.ResponseSide | None = None
     try:
         side = relay.plan(
-            _guarded(request), upstream, decision, app[GUARDS_KEY], app[CONFIG_KEY], _keeper(app, decision)
+            _guarded(request),
+            upstream,
+            decision,
+            app[GUARDS_KEY],
+            app[CONFIG_KEY],
+            _keeper(app, decision),
+            tap=CAPTURE_KEY in app and decision is not None and decision.transcript is not None,
         )
     except Exception as exc:  # fail open: relay the answer as is
         relay.failed(st, "plan", exc)
@@ -555,6 +596,9 @@ async def _forward(
     finally:
         app[INFLIGHT_KEY].discard(upstream)
         upstream.close()
+        if side is not None and side.tap is not None:
+            with contextlib.suppress(Exception):  # the capture's copy of the answer; fails open
+                request[UPSTREAM_ANSWER] = side.upstream_answer()
         if side is not None:
             conversation = decision.conversation if decision is not None else ""
             chain = decision.chain if decision is not None else None
@@ -657,6 +701,15 @@ async def _incident_log(app: web.Application) -> AsyncIterator[None]:
     await incidents.close()
 
 
+async def _capture_log(app: web.Application) -> AsyncIterator[None]:
+    path = app[CONFIG_KEY].capture.path
+    if path:
+        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture)
+    yield
+    if CAPTURE_KEY in app:
+        await asyncio.to_thread(app[CAPTURE_KEY].close)
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     up = app[CONFIG_KEY].upstream
     timeout = aiohttp.ClientTimeout(
@@ -694,6 +747,7 @@ def create_app(cfg: Config) -> web.Application:
     app[RESPONSES_KEY] = ResponseStore(cfg.responses_store)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_incident_log)
+    app.cleanup_ctx.append(_capture_log)
     app.router.add_get("/loop-guard", stats)
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_get("/loop-guard/metrics", metrics)

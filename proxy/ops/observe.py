@@ -89,12 +89,15 @@ def configure_logging(level: str = "info") -> None:
 
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
-    has one (withhold, stop, cut), and ``applied: false`` for a cut only reported (no texts)."""
+    has one (withhold, stop, cut), ``applied: false`` for a cut only reported, and
+    ``mode: "observe"`` for an observed action (issue 16; no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
     if isinstance(a, Withhold | Stop | Cut) and a.reason:
         out["reason"] = a.reason
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
+    if a.observed:
+        out["mode"] = "observe"
     return out
 
 
@@ -103,7 +106,13 @@ class Stats:
     """Process-wide counters (reset on restart). Only *fresh* actions are counted.
 
     ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
-    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first."""
+    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first.
+
+    Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
+    enforce mode would count); ``per_action`` is keyed ``(rule, kind, mode)``;
+    ``reminders_injected``, ``results_withheld``, ``stops``, ``responses_cut`` and
+    ``withhold_kinds`` count applied actions only, and ``observed`` the observed ones per kind
+    (``remind``, ``withhold``, ``stop``, ``cut``)."""
 
     started: float = field(default_factory=time.monotonic)
     requests: int = 0
@@ -120,8 +129,10 @@ class Stats:
     #: was closed then, so the model server can stop generating)
     disconnects: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
-    #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
-    per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: fresh actions per (rule, kind, mode), for the Prometheus ``loopguard_actions_total`` series
+    per_action: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: fresh observed actions per kind (issue 16)
+    observed: Counter[str] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
@@ -133,8 +144,10 @@ class Stats:
             if not a.fresh:
                 continue
             self.per_rule[a.rule] += 1
-            self.per_action[(a.rule, a.kind)] += 1
-            if a.kind == "remind":
+            self.per_action[(a.rule, a.kind, "observe" if a.observed else "enforce")] += 1
+            if a.observed:
+                self.observed[a.kind] += 1
+            elif a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":
                 position = a.position if isinstance(a, Withhold) else -1
@@ -151,6 +164,13 @@ class Stats:
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
 
+    def _per_rule(self, mode: str) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (rule, _, m), n in self.per_action.items():
+            if m == mode:
+                out[rule] += n
+        return dict(sorted(out.items()))
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -165,6 +185,13 @@ class Stats:
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
+            "per_mode": {
+                mode: dict(
+                    sorted(Counter({r: n for (r, _, m), n in self.per_action.items() if m == mode}).items())
+                )
+                for mode in ("enforce", "observe")
+            },
+            "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut")},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
             "incidents": [i.as_dict() for i in self.incidents],
