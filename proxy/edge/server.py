@@ -778,17 +778,31 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
     connections.adopt(runner.server, cfg.listen.max_connections, cfg.listen.header_timeout_s)
     connections.ensure_fd_limit(cfg.listen.max_connections)
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:  # the address is in use (or not ours): close what setup opened, then say so
+        await runner.cleanup()
+        raise
     port = runner.addresses[0][1]
     return runner, port
 
 
-async def serve_forever(cfg: Config) -> None:
+async def serve_forever(cfg: Config, source: str | None = None) -> None:
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
-    end the rest (a stream gets the error event), write their log lines, return (exit 0)."""
+    end the rest (a stream gets the error event), write their log lines, return (exit 0).
+    ``source``: the config file's path, for the startup line (None: built-in defaults).
+    Raises OSError when the address cannot be bound (the CLI says so in one line, exit 2)."""
     runner, port = await start(cfg)
-    log.info("listening", host=cfg.listen.host, port=port, upstream=forward.redact_url(cfg.upstream.url))
+    log.info(
+        "listening",
+        host=cfg.listen.host,
+        port=port,
+        upstream=forward.redact_url(cfg.upstream.url),
+        config=source or "(defaults)",
+        guards=cfg.modes(),
+        capture=cfg.capture.path or None,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -71,15 +71,40 @@ SERVER_LOG.propagate = False
 SERVER_LOG.addFilter(_WithoutContent())
 
 
-def configure_logging(level: str = "info") -> None:
-    """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps (``level``: debug, info,
-    warning or error)."""
+#: ``--log-format`` choices.
+LOG_FORMATS = ("json", "console")
+
+
+def default_log_format() -> str:
+    """``console`` when stderr is a terminal, else ``json`` (log collectors read JSON lines)."""
+    try:
+        return "console" if sys.stderr.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    """One event per line on stderr, ISO-8601 UTC timestamps (``level``: debug, info, warning or
+    error). ``fmt``: ``json`` (JSON lines) or ``console`` (structlog's ConsoleRenderer: aligned
+    ``time [level] event key=value``, in colour when stderr is a terminal; for people).
+    Raises ValueError for another ``fmt``."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
+    renderer: Any
+    if fmt == "console":
+        try:
+            colors = sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            colors = False
+        renderer = structlog.dev.ConsoleRenderer(colors=colors, sort_keys=False)
+    else:
+        renderer = structlog.processors.JSONRenderer(serializer=_dumps)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=_dumps),
+            renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=lambda *args: StderrLogger(),
