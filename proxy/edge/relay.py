@@ -33,7 +33,6 @@ for compression get exactly what the upstream sent). Everything else is plain pa
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.actions import Action, Stop, applied
+from proxy.actions import Action, Stop
 from proxy.guards import Context, Guard
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
@@ -52,7 +51,14 @@ from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
-from proxy.response.decide import StopJudge, decide_json, earlier_stops
+from proxy.response.decide import (
+    StopJudge,
+    cuts_enabled,
+    decide_json,
+    deciders,
+    earlier_stops,
+    observed_actions,
+)
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import StreamGuard
 
@@ -110,10 +116,8 @@ class ResponseSide:
         """Add the shadow's actions, marked observed (a shadow stop only when no stop was
         applied: one answer is stopped once). Fails open."""
         shadow, self.shadow = self.shadow, None
-        if shadow is None:
-            return
-        stopped = any(isinstance(a, Stop) for a in self.actions)
-        self.actions.extend(a for a in shadow.finish(stats) if not (stopped and isinstance(a, Stop)))
+        if shadow is not None:
+            self.actions.extend(observed_actions(self.actions, shadow.finish(stats)))
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -128,25 +132,7 @@ class ResponseSide:
 
 
 def enabled(cfg: Config) -> bool:
-    return bool(StopJudge.enabled(cfg) or _cuts(cfg))
-
-
-def _cuts(cfg: Config) -> bool:
-    """The runaway or degenerate-text checks are on (``response.*``)."""
-    r = cfg.response
-    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
-
-
-def without_cuts(cfg: Config) -> Config:
-    """``cfg`` with the runaway and degenerate-text checks off (the part ``response.mode`` covers)."""
-    r = cfg.response
-    off = dataclasses.replace(
-        r,
-        max_calls_per_response=0,
-        max_identical_per_response=0,
-        degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
-    )
-    return dataclasses.replace(cfg, response=off)
+    return bool(StopJudge.enabled(cfg) or cuts_enabled(cfg))
 
 
 class Shadow:
@@ -154,7 +140,8 @@ class Shadow:
     the agent gets unchanged (an SSE body chunk by chunk through its own stream guard, a JSON
     body whole at the end) and decides what enforcing would (a stop with every request action
     and every guard, the cuts when ``response.mode`` is observed), but holds, changes and aborts
-    nothing: the guard's output is dropped. :meth:`finish` gives its actions marked observed.
+    nothing: the guard's output is dropped. :meth:`finish` gives its actions
+    (:func:`proxy.response.decide.observed_actions` marks them).
     An exception in it is counted (``internal_errors``) and ends the shadow only."""
 
     __slots__ = ("_body", "_cfg", "_failed", "_guard", "_judge", "_wire")
@@ -199,7 +186,7 @@ class Shadow:
         except Exception as exc:
             failed(stats, "shadow", exc)
         self._body.clear()
-        return [dataclasses.replace(a, observed=True) for a in actions]
+        return actions
 
 
 def plan(
@@ -250,21 +237,16 @@ def _plan(
     encoding = upstream.headers.get("Content-Encoding")
     wire = "chat" if guarded is True else str(guarded)
     # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
-    observed = cfg.observed_rules()
-    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
-    judge = shadow_judge = None
-    if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
-        ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
-        if "stop" not in observed:  # an enforced stop counts only what was applied
-            enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
-            judge = StopJudge(decision.transcript, applied(decision.actions), enforced, ctx, cfg)
-        if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
-            shadow_judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
-    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
-    shadow = None
-    if encoding is None and (shadow_judge is not None or _cuts(shadow_cfg)):
-        shadow = Shadow(wire, kind == "sse", shadow_cfg, shadow_judge)
-    if (judge is None and not _cuts(enforce_cfg)) or encoding is not None:
+    transcript = decision.transcript if decision is not None else None
+    ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
+    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg)
+    enforce_cfg, judge = d.cfg, d.judge
+    shadow = (
+        Shadow(wire, kind == "sse", d.shadow_cfg, d.shadow_judge)
+        if encoding is None and d.observing
+        else None
+    )
+    if not d.enforcing or encoding is not None:
         if on_answer is None or wire != "responses":
             if shadow is None:
                 return None
