@@ -136,10 +136,18 @@ def _capture_files(path: Path) -> list[Path]:
     return [*backups, path] if path.exists() else backups
 
 
+def _continues(conv: Conversation, items: list[Any]) -> bool:
+    last = conv.exchanges[-1].items
+    return len(last) <= len(items) and items[: len(last)] == last
+
+
 def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
-    """The conversations of capture files (lines in file order, grouped by ``conversation`` in
-    order of first appearance). ``chained`` lines and lines without items are skipped."""
-    convs: dict[str, Conversation] = {}
+    """The conversations of capture files, in order of first appearance. A line continues the
+    conversation whose last request its history extends (the previous messages are a prefix of
+    its own: an agent resends its whole history), preferring one with the same conversation key
+    (the key of a first request, before any tool call id, can differ from its successors');
+    else it starts one. ``chained`` lines and lines without items are skipped."""
+    convs: list[Conversation] = []
     for path in files:
         with path.open("rb") as f:
             for raw in f:
@@ -151,11 +159,17 @@ def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
                 if obj.get("chained") or not isinstance(items, list):
                     continue
                 key = str(obj.get("conversation") or "")
-                conv = convs.setdefault(key, Conversation(key, str(path), label="capture"))
-                conv.exchanges.append(
-                    Exchange(items, obj.get("answer"), int(obj.get("time_ms") or 0), dialect)
-                )
-    return list(convs.values())
+                candidates = [c for c in convs if _continues(c, items)]
+                same = [c for c in candidates if c.id == key]
+                pick = (same or candidates)[-1:] if candidates else []
+                if pick:
+                    conv = pick[0]
+                else:
+                    conv = Conversation(key, str(path), label="capture")
+                    convs.append(conv)
+                time_ms = int(obj.get("time_ms") or 0)
+                conv.exchanges.append(Exchange(items, obj.get("answer"), time_ms, dialect))
+    return convs
 
 
 def load(paths: Sequence[str | Path]) -> list[Conversation]:
@@ -270,6 +284,9 @@ def replay(conv: Conversation, cfg: Config) -> Result:
     )
     memory = Memory(guards)
     observed = cfg.observed_rules()
+    # one key for the whole conversation (the live key may have come from a header)
+    names = cfg.conversation_key.headers
+    headers = {names[0]: conv.id} if names and conv.id else {}
     result = Result(conv)
     for i, ex in enumerate(conv.exchanges):
         field_name = "messages" if ex.dialect == "chat" else "input"
@@ -278,7 +295,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
         try:
             decision = decide_request(
                 raw,
-                {},
+                headers,
                 guards,
                 cfg.conversation_key.headers,
                 now_ms=ex.time_ms,
