@@ -631,8 +631,8 @@ class CaptureConfig:
     def check(self, path: str) -> None:
         if self.max_bytes < 1024:
             raise ConfigError(f"{path}.max_bytes", "must be an integer >= 1024")
-        if self.backups < 0:
-            raise ConfigError(f"{path}.backups", "must be an integer >= 0")
+        if self.backups < 1:  # RotatingFileHandler never rotates with 0 backups
+            raise ConfigError(f"{path}.backups", "must be an integer >= 1")
 
 
 #: The rules of each config section with a ``mode`` (``narration`` is part of ``turn_guard``).
