@@ -216,3 +216,43 @@ def test_observed_rules_per_section(config: dict[str, Any], observed: str) -> No
     from proxy.ops.config import Config, build
 
     assert " ".join(sorted(build(Config, config).observed_rules())) == observed
+
+
+async def test_an_enforced_stop_counts_only_applied_withholds(upstream: FakeUpstream, capsys: Any) -> None:
+    """Circuit breaker observed, stop enforced: no result was withheld from the model, so the
+    denials stop never fires for real; the stop enforcing both would make is reported observed,
+    and no byte changes."""
+    config = {"guards": {"circuit_breaker": {"mode": "observe"}, "escalation": {"enabled": False}}}
+    run = await _run(upstream, config, False, capsys)
+    assert len(run["sent"]) == STEPS  # never stopped
+    assert not any(b"result of this call is withheld" in r.body for r in upstream.requests)
+    acts = [a for line in actions_of(run["lines"]) for a in line]
+    assert {m for (r, _, m) in acts if r in ("circuit_breaker", "stop")} == {"observe"}
+    assert ("stop", "stop", "observe") in acts
+    assert run["stats"]["stops"] == 0
+
+
+async def test_an_enforced_ladder_never_counts_observed_reminders(
+    upstream: FakeUpstream, capsys: Any
+) -> None:
+    """Every reminder rule observed, the escalation ladder enforced: the model was given no
+    reminder, so the ladder (which withholds "after 2 reminders") never acts."""
+    observe = {"mode": "observe"}
+    reminders = ("repeat_reminder", "recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")
+    config = {
+        "guards": {
+            **{g: dict(observe) for g in (*reminders, "same_target")},
+            "circuit_breaker": {"enabled": False},
+        }
+    }
+    run = await _run(upstream, config, False, capsys)
+    acts = [a for line in actions_of(run["lines"]) for a in line]
+    assert ("repeat_reminder", "remind", "observe") in acts
+    assert not [a for a in acts if a[0] == "escalation"]
+    assert [r.body for r in upstream.requests] == run["sent"]
+    # with the reminders enforced, the same ladder acts
+    upstream.requests.clear()
+    enforced = await _run(upstream, {"guards": {"circuit_breaker": {"enabled": False}}}, False, capsys)
+    assert ("escalation", "withhold", "enforce") in [
+        a for line in actions_of(enforced["lines"]) for a in line
+    ]
