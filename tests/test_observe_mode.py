@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from proxy.ops.observe import configure_logging
+from tests.fake_responses import FakeResponses, function_call
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
 from tests.proxy_server import serve
 
@@ -256,3 +257,37 @@ async def test_an_enforced_ladder_never_counts_observed_reminders(
     assert ("escalation", "withhold", "enforce") in [
         a for line in actions_of(enforced["lines"]) for a in line
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_observe_mode_on_the_responses_api(upstream: FakeUpstream, stream: bool, capsys: Any) -> None:
+    """The Responses dialect, whole input every request: byte-identical both ways, actions observed."""
+    fake = FakeResponses(lambda n, body: [function_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")])
+    upstream.handler = fake.handle
+    configure_logging("info")
+    capsys.readouterr()
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Fix the bug in app.py"}]
+    sent: list[bytes] = []
+    got: list[bytes] = []
+    async with serve({"mode": "observe"}, upstream.url) as (base, _app), aiohttp.ClientSession() as s:
+        for _ in range(STEPS):
+            body = orjson.dumps({"model": "m", "input": items, "stream": stream})
+            sent.append(body)
+            async with s.post(
+                f"{base}/v1/responses", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                assert r.status == 200
+                got.append(await r.read())
+            call = {"type": "function_call", "call_id": f"call_{len(sent)}", "name": "read_file",
+                    "arguments": '{"path": "app.py"}'}  # fmt: skip
+            items = [
+                *items,
+                call,
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "x"},
+            ]
+    assert [r.body for r in upstream.requests] == sent
+    assert got == fake.answers
+    acts = [a for line in actions_of(request_lines(capsys.readouterr().err)) for a in line]
+    assert ("circuit_breaker", "withhold", "observe") in acts
+    assert ("stop", "stop", "observe") in acts
+    assert {m for (_, _, m) in acts} == {"observe"}

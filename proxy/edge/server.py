@@ -30,6 +30,13 @@ Behaviour at the edge:
   (``unknown_previous_response``). Any error there fails open like the guards.
 - Circuit-breaker incidents of a request are recorded right after its decision
   (:mod:`proxy.ops.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
+- Observe mode (issue 16, ``mode``): the guards get the observed rules
+  (:meth:`proxy.ops.config.Config.observed_rules`); their actions are logged, counted and
+  recorded but not applied, and the response side's observed part reads the answer in a shadow
+  (:class:`proxy.edge.relay.Shadow`) that changes no byte.
+- Capture (``capture.path``, :mod:`proxy.ops.capture`): after a guarded request's log line, one
+  capture line with the history the agent sent and the upstream's chat answer as the response
+  side's tap read it; fails open like the guards.
 """
 
 from __future__ import annotations
