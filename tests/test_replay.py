@@ -270,3 +270,31 @@ def test_observe_mode_replay_marks_every_action_observed_and_decides_the_same() 
     assert [[(a.call, a.rule, a.kind) for a in r.acts] for r in observe] == [
         [(a.call, a.rule, a.kind) for a in r.acts] for r in enforce
     ]
+
+
+async def test_replay_of_a_capture_keeps_narration_timing(
+    upstream: FakeUpstream, tmp_path: Path, capsys: Any
+) -> None:
+    """Narration is the one rule that reads time: the capture records the time each request was
+    decided at, and replay decides at it, so the narration reminders are the live ones."""
+    path = tmp_path / "capture.jsonl"
+    config = {"capture": {"path": str(path)}, "guards": {"turn_guard": {"enabled": True}}}
+    upstream.handler = LoopingModel()
+    configure_logging("info")
+    capsys.readouterr()
+    ticks = iter(range(1_700_000_000_000, 1_800_000_000_000, 100_000))  # 100 s per request
+    async with serve(config, upstream.url) as (base, app):
+        from proxy.edge.server import MEMORY_KEY
+
+        app[MEMORY_KEY].clock = lambda: next(ticks)
+        await run_agent(base, False)
+    lines = request_lines(capsys.readouterr().err)
+    live = [
+        sorted((a["rule"], a["kind"], a.get("mode", "enforce")) for a in line["actions"]) for line in lines
+    ]
+    assert any(("narration", "remind", "enforce") in acts for acts in live)
+    (conv,) = load([path])
+    result = replay(conv, build(Config, config))
+    replayed = _by_exchange(result.acts)
+    replayed += [[]] * (len(live) - len(replayed))
+    assert replayed == live

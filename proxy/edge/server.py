@@ -88,6 +88,10 @@ SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 INFLIGHT_KEY = web.AppKey("inflight", set)
 #: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
 CAPTURE_KEY = web.AppKey("capture", CaptureLog)
+#: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
+DECIDED_MS: Any = (
+    web.RequestKey("loopguard.decided_ms", int) if hasattr(web, "RequestKey") else "loopguard.decided_ms"
+)
 #: ``request[UPSTREAM_ANSWER]``: the upstream's chat answer as the capture tap read it (bytes).
 UPSTREAM_ANSWER: Any = (
     web.RequestKey("loopguard.upstream_answer", bytes)
@@ -248,6 +252,7 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
     guards: tuple[Guard, ...] = app[GUARDS_KEY]
     memory = app[MEMORY_KEY]
     now_ms = memory.clock()
+    request[DECIDED_MS] = now_ms  # the capture records the time the guards decided at
     try:
         decision = decide_request(
             raw,
@@ -413,7 +418,7 @@ def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> Non
     try:
         upstream_answer = request.get(UPSTREAM_ANSWER)
         data = capture.line(
-            time_ms=app[MEMORY_KEY].clock(),
+            time_ms=request.get(DECIDED_MS) or app[MEMORY_KEY].clock(),
             conversation=decision.conversation,
             dialect="responses" if _guarded(request) == "responses" else "chat",
             body=jsonbody.decode(raw),

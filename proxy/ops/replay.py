@@ -80,12 +80,15 @@ def load_runs(directory: Path) -> list[dict[str, Any]]:
 class Exchange:
     """One request and the upstream's answer: ``items`` (chat messages, or Responses input
     items for ``dialect == "responses"``), ``answer`` (``{"content", "tool_calls": [{"id",
-    "name", "arguments"}]}``, None when there was none), ``time_ms`` (when it was decided)."""
+    "name", "arguments"}]}``, None when there was none), ``time_ms`` (when it was decided), and
+    ``key`` (the live conversation key, which the memory of narration timing is kept under)."""
 
     items: list[Any]
     answer: dict[str, Any] | None
     time_ms: int
     dialect: str = "chat"
+    #: the conversation key it was decided under live (``""``: the conversation's id)
+    key: str = ""
 
 
 @dataclass
@@ -168,7 +171,7 @@ def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
                     conv = Conversation(key, str(path), label="capture")
                     convs.append(conv)
                 time_ms = int(obj.get("time_ms") or 0)
-                conv.exchanges.append(Exchange(items, obj.get("answer"), time_ms, dialect))
+                conv.exchanges.append(Exchange(items, obj.get("answer"), time_ms, dialect, key))
     return convs
 
 
@@ -284,11 +287,13 @@ def replay(conv: Conversation, cfg: Config) -> Result:
     )
     memory = Memory(guards)
     observed = cfg.observed_rules()
-    # one key for the whole conversation (the live key may have come from a header)
+    # the live key of each request (it may have come from a header; the first request's
+    # fingerprint differs from its successors'), so the memory is kept as it was live
     names = cfg.conversation_key.headers
-    headers = {names[0]: conv.id} if names and conv.id else {}
     result = Result(conv)
     for i, ex in enumerate(conv.exchanges):
+        key = ex.key or conv.id
+        headers = {names[0]: key} if names and key else {}
         field_name = "messages" if ex.dialect == "chat" else "input"
         raw = orjson.dumps({"model": "replay", field_name: ex.items})
         dialect = openai_chat if ex.dialect == "chat" else openai_responses
