@@ -27,16 +27,18 @@ STEPS = 12
 
 
 class LoopingModel:
-    """Answers every request with one ``read_file {"path": "app.py"}`` call (id by step) and
-    keeps the exact bytes of every answer it sent."""
+    """Answers every request with one call (``read_file {"path": "app.py"}`` unless told; id by
+    step) and keeps the exact bytes of every answer it sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "read_file", arguments: str = '{"path": "app.py"}') -> None:
         self.sent: list[bytes] = []
+        self.name = name
+        self.arguments = arguments
 
     async def __call__(self, request: web.Request, body: bytes) -> web.StreamResponse:
         req = orjson.loads(body)
         n = sum(1 for m in req["messages"] if m.get("role") == "assistant")
-        calls = [tool_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")]
+        calls = [tool_call(self.name, self.arguments, f"call_{n + 1}")]
         if req.get("stream"):
             events = sse_events(calls)
             self.sent.append(b"".join(events))

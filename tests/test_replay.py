@@ -36,9 +36,13 @@ if not LOOPS.is_dir():
 
 
 async def _live(
-    upstream: FakeUpstream, config: dict[str, Any], stream: bool, capsys: Any, headers: bool = False
+    upstream: FakeUpstream,
+    config: dict[str, Any],
+    stream: bool,
+    capsys: Any,
+    model: LoopingModel | None = None,
 ) -> list[dict[str, Any]]:
-    upstream.handler = LoopingModel()
+    upstream.handler = model or LoopingModel()
     configure_logging("info")
     capsys.readouterr()
     async with serve(config, upstream.url) as (base, _app):
@@ -53,14 +57,19 @@ def _by_exchange(acts: list[Any]) -> list[list[tuple[str, str, str]]]:
     return [sorted(out[i]) for i in range(max(out, default=-1) + 1)]
 
 
+@pytest.mark.parametrize(
+    "tool",
+    [("read_file", '{"path": "app.py"}'), ("bash", '{"command": "cat app.py | head -5"}')],
+    ids=["read", "bash"],
+)
 @pytest.mark.parametrize("mode", ["enforce", "observe"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_replaying_a_digest_capture_gives_the_live_actions(
-    upstream: FakeUpstream, tmp_path: Path, capsys: Any, stream: bool, mode: str
+    upstream: FakeUpstream, tmp_path: Path, capsys: Any, stream: bool, mode: str, tool: tuple[str, str]
 ) -> None:
     path = tmp_path / "capture.jsonl"
     config = {"mode": mode, "capture": {"path": str(path)}}
-    lines = await _live(upstream, config, stream, capsys)
+    lines = await _live(upstream, config, stream, capsys, LoopingModel(*tool))
     live = [
         sorted((a["rule"], a["kind"], a.get("mode", "enforce")) for a in line["actions"]) for line in lines
     ]
