@@ -25,14 +25,14 @@ from proxy.ops.capture import PREFIX, digest, redact_arguments
 from proxy.ops.config import Config, build
 from proxy.ops.observe import configure_logging
 from proxy.ops.replay import as_json, load, replay, replay_all, table, totals
+from tests.corpus import fixture_dir
 from tests.fakes import FakeUpstream
 from tests.proxy_server import serve
+from tests.realtraj import runs_dir
 from tests.test_observe_mode import LoopingModel, request_lines, run_agent
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOPS = ROOT.parent / "shared" / "fixtures" / "loops"
-if not LOOPS.is_dir():
-    LOOPS = ROOT / "tests" / "fixtures" / "loops"
+LOOPS = fixture_dir()
 
 
 async def _live(
@@ -307,3 +307,35 @@ async def test_replay_of_a_capture_keeps_narration_timing(
     replayed = _by_exchange(result.acts)
     replayed += [[]] * (len(live) - len(replayed))
     assert replayed == live
+
+
+REALTRAJ = runs_dir()
+REALTRAJ_TABLE = """\
+coder-django__django-12915-3-programmer (real instance_resolved): 20 calls, 3 actions
+  call  rule              kind      reason     side     mode
+  12    repeated_failure  remind    -          request  enforce
+  13    repeat_reminder   remind    -          request  enforce
+  14    escalation        withhold  reminders  request  enforce
+
+coder-sympy__sympy-17022-4-tester (real exit_cost): 31 calls, 3 actions
+  call  rule              kind    reason  side     mode
+  19    repeated_failure  remind  -       request  enforce
+  26    repeated_failure  remind  -       request  enforce
+  27    repeated_failure  remind  -       request  enforce
+
+totals over 2 conversations:
+  rule              remind  withhold  stop  cut  total
+  escalation        0       1         0     0    1
+  repeat_reminder   1       0         0     0    1
+  repeated_failure  4       0         0     0    4
+  total             5       1         0     0    6
+"""
+
+
+@pytest.mark.skipif(
+    not REALTRAJ.is_dir(), reason="no recorded runs ($LOOPGUARD_REALTRAJ or ../shared/fixtures/realtraj)"
+)
+def test_replay_table_on_recorded_runs_through_the_cli() -> None:
+    names = ("coder-django__django-12915-3-programmer.json", "coder-sympy__sympy-17022-4-tester.json")
+    done = _cli(*(str(REALTRAJ / n) for n in names))
+    assert (done.returncode, done.stdout, done.stderr) == (0, REALTRAJ_TABLE, "")
