@@ -262,8 +262,17 @@ async def test_an_enforced_ladder_never_counts_observed_reminders(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_observe_mode_on_the_responses_api(upstream: FakeUpstream, stream: bool, capsys: Any) -> None:
-    """The Responses dialect, whole input every request: byte-identical both ways, actions observed."""
+async def test_observe_mode_on_the_responses_api(
+    upstream: FakeUpstream, stream: bool, capsys: Any, tmp_path: Path
+) -> None:
+    """The Responses dialect, whole input every request: byte-identical both ways, actions
+    observed; its capture replays to the same request-side actions (Responses answers are not
+    captured, so the stops are not replayed)."""
+    from proxy.ops.config import Config, build
+    from proxy.ops.replay import load, replay
+
+    capture = tmp_path / "capture.jsonl"
+    config = {"mode": "observe", "capture": {"path": str(capture)}}
     fake = FakeResponses(lambda n, body: [function_call("read_file", '{"path": "app.py"}', f"call_{n + 1}")])
     upstream.handler = fake.handle
     configure_logging("info")
@@ -271,7 +280,7 @@ async def test_observe_mode_on_the_responses_api(upstream: FakeUpstream, stream:
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Fix the bug in app.py"}]
     sent: list[bytes] = []
     got: list[bytes] = []
-    async with serve({"mode": "observe"}, upstream.url) as (base, _app), aiohttp.ClientSession() as s:
+    async with serve(config, upstream.url) as (base, _app), aiohttp.ClientSession() as s:
         for _ in range(STEPS):
             body = orjson.dumps({"model": "m", "input": items, "stream": stream})
             sent.append(body)
@@ -289,7 +298,16 @@ async def test_observe_mode_on_the_responses_api(upstream: FakeUpstream, stream:
             ]
     assert [r.body for r in upstream.requests] == sent
     assert got == fake.answers
-    acts = [a for line in actions_of(request_lines(capsys.readouterr().err)) for a in line]
+    per_request = actions_of(request_lines(capsys.readouterr().err))
+    acts = [a for line in per_request for a in line]
     assert ("circuit_breaker", "withhold", "observe") in acts
     assert ("stop", "stop", "observe") in acts
     assert {m for (_, _, m) in acts} == {"observe"}
+    (conv,) = load([capture])
+    result = replay(conv, build(Config, config))
+    replayed: list[list[tuple[str, str, str]]] = [[] for _ in per_request]
+    for a in result.acts:
+        replayed[a.exchange].append((a.rule, a.kind, a.mode))
+    assert [sorted(r) for r in replayed] == [
+        sorted(a for a in line if a[0] != "stop") for line in per_request
+    ]
