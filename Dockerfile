@@ -1,5 +1,7 @@
 # loopguard in a container: docker build -t loopguard . &&
-#   docker run --rm -p 4000:4000 -e LOOPGUARD_UPSTREAM=http://host.docker.internal:8080/v1 loopguard
+#   docker run --rm -p 127.0.0.1:4000:4000 -e LOOPGUARD_UPSTREAM=http://host.docker.internal:8080/v1 loopguard
+# With a model server, Prometheus and Grafana: deploy/docker-compose.yml (README "Deploy with
+# docker compose").
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
@@ -7,10 +9,15 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY config ./config
-RUN pip install . && useradd --create-home --uid 10001 loopguard
+# The container's config: listen.host 0.0.0.0 is set there, explicitly (outside a container the
+# default stays 127.0.0.1); the compose file mounts its own copy over it.
+COPY deploy/loopguard.yaml /etc/loopguard/loopguard.yaml
+RUN pip install . \
+    && useradd --create-home --uid 10001 loopguard \
+    && mkdir -p /var/lib/loopguard && chown loopguard /var/lib/loopguard
 
 USER loopguard
 EXPOSE 4000
-# Inside a container the proxy must listen on all interfaces; outside, the default is 127.0.0.1.
-ENTRYPOINT ["loopguard", "serve", "--host", "0.0.0.0"]
-CMD ["--config", "/app/config/loopguard.yaml"]
+VOLUME ["/var/lib/loopguard"]
+ENTRYPOINT ["loopguard", "serve"]
+CMD ["--config", "/etc/loopguard/loopguard.yaml"]

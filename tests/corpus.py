@@ -33,7 +33,8 @@ The same replay runs in the Responses dialect (``dialect="responses"``, :class:`
 the fixture converted to input items posted to ``/v1/responses``, each answer a ``response``
 object or its SSE events, and what reached the upstream read back as chat messages, so that the
 reading above and the call numbers are the same; :func:`compare` lists the fixtures on which the
-proxy acted differently in the two forms (issue 11).
+proxy acted differently in the two forms (issue 11). Likewise in Anthropic Messages
+(``dialect="messages"``, :class:`MessagesWire`; issue 12).
 
 Run ``python -m tests.corpus [--stream] [--config FILE] [--dialect responses | --compare]`` to
 print the gate table (or the differences between the two dialects).
@@ -61,7 +62,7 @@ from proxy.edge.server import start
 from proxy.ops import replay as replay_files
 from proxy.ops.config import Config, ListenConfig, build
 from proxy.ops.observe import configure_logging
-from tests import responses_items
+from tests import messages_blocks, responses_items
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURES = ROOT / "tests" / "fixtures" / "loops"
@@ -515,8 +516,45 @@ class ResponsesWire(ChatWire):
         return responses_items.received_output(raw, stream)
 
 
+class MessagesWire(ChatWire):
+    """Anthropic Messages (``POST /v1/messages``): the fixture converted to Messages form
+    (:func:`tests.messages_blocks.trace_blocks`: a run of tool messages is one user message of
+    ``tool_result`` blocks), each answer a Messages ``message`` object or its SSE events, and what
+    reached the upstream read back as chat messages (:func:`tests.messages_blocks.back_to_messages`),
+    so that the call numbers and the reading are the chat replay's."""
+
+    name = "messages"
+    path = "/v1/messages"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.traced = messages_blocks.trace_blocks(self.messages)
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        body = self.traced.body(i, model="corpus-model", stream=stream)
+        if self.tools:
+            body["tools"] = messages_blocks.chat_tools(self.tools)
+        return body
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        converted = (
+            self.traced.of(i)
+            if i < len(self.messages)
+            else messages_blocks.trace_blocks([message]).messages[0]
+        )
+        if stream:
+            return messages_blocks.message_events(converted)
+        return orjson.dumps(messages_blocks.message_object(converted))
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return messages_blocks.back_to_messages(self.messages, self.traced, i, body)
+
+    def received(self, raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+        return messages_blocks.received_content(raw, stream)
+
+
 #: The dialects a fixture can be replayed in.
-WIRES: dict[str, type[ChatWire]] = {"chat": ChatWire, "responses": ResponsesWire}
+WIRES: dict[str, type[ChatWire]] = {"chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire}
 
 
 # --- the replay -----------------------------------------------------------------------------------
@@ -551,7 +589,7 @@ async def replay(
     fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False, dialect: str = "chat"
 ) -> Replay:
     """Replay ``fixture`` through a fresh proxy with ``config`` (a dict; None = the shipped default
-    file), in ``dialect`` (:data:`WIRES`: ``chat`` or ``responses``). Returns every distinct
+    file), in ``dialect`` (:data:`WIRES`: ``chat``, ``responses`` or ``messages``). Returns every distinct
     observation and reminder text."""
     cfg = build(Config, default_config() if config is None else config)
     messages: list[dict[str, Any]] = fixture["messages"]

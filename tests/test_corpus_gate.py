@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests import messages_blocks
 from tests.corpus import Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
 from tests.responses_items import back_to_messages, trace_items
 
@@ -336,3 +337,97 @@ def test_compare_lists_each_fixture_that_differs_with_both_outcomes() -> None:
         " repeat_reminder remind"
     ]
     assert compare(chat, chat) == []
+
+
+# --- Anthropic Messages form (issue 12) ----------------------------------------------------------
+
+
+def request_side(r: Replay) -> tuple[list[tuple[int, str, tuple[str, ...]]], list[tuple[int, int, str]], int]:
+    """What the proxy did to a replay's requests: every request-side observation ``(call, kind,
+    rules)``, every reminder text ``(call, upto, text)`` the model received, and the internal
+    errors."""
+    acts = sorted((o.call, o.kind, o.rules) for o in r.observations if o.side == "request")
+    return acts, [(m.call, m.upto, m.text) for m in r.reminders], r.internal_errors
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_messages_form_gets_the_same_request_side_actions_as_chat_form(stream: bool) -> None:
+    """Every fixture converted to Messages form (a run of tool messages is one user message of
+    ``tool_result`` blocks) and replayed on ``POST /v1/messages`` (answers as Messages ``message``
+    objects / events): the same reminders and withholds at the same calls, by the same rules,
+    with the same reminder texts at the same places, and no internal error."""
+    chat = await _all(stream)
+    messages = await _all(stream, "messages")
+    print(f"\ncorpus gate ({'sse' if stream else 'json'}), Messages form:\n{table(messages)}")
+    differ = [
+        f"{a.fixture['id']}:\n  chat: {request_side(a)}\n  messages: {request_side(b)}"
+        for a, b in zip(chat, messages, strict=True)
+        if request_side(a) != request_side(b)
+    ]
+    assert not differ, f"{len(differ)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(differ)
+    assert sum(len(request_side(r)[0]) for r in messages) > len(FIXTURES)  # it acted: a real comparison
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_messages_form_acts_at_the_same_calls_as_chat_form(stream: bool) -> None:
+    """Issue 12: every fixture in Messages form gets the same actions at the same calls as in
+    chat form, the answer side's included (the two tables agree row by row)."""
+    differences = compare(await _all(stream), await _all(stream, "messages"))
+    assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(
+        differences
+    )
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=[str(fx["id"]) for fx in FIXTURES])
+def test_messages_form_reads_back_as_the_fixture(fx: dict[str, Any]) -> None:
+    """With nothing changed on the way, every request in Messages form reads back as the chat
+    messages it came from (the reading the comparison relies on)."""
+    messages = fx["messages"]
+    traced = messages_blocks.trace_blocks(messages)
+    for i in range(len(messages) + 1):
+        assert messages_blocks.back_to_messages(messages, traced, i, traced.body(i)) == messages[:i]
+
+
+def test_every_chat_form_is_converted_to_messages_blocks() -> None:
+    traced = messages_blocks.trace_blocks(_every_form(1)["messages"])
+    assert traced.system == "You are a coding agent."
+    shape = [
+        (m["role"], [(b["type"], b.get("id") or b.get("tool_use_id")) for b in m["content"]])
+        for m in traced.messages
+    ]
+    assert shape == [
+        ("user", [("text", None)]),
+        ("assistant", [("text", None), ("tool_use", "a0"), ("tool_use", "b0")]),
+        ("user", [("tool_result", "b0"), ("tool_result", "a0")]),  # a run of results: one message
+        ("assistant", [("text", None), ("tool_use", "toolu_lg_3"), ("tool_use", "toolu_lg_4")]),
+        ("user", [("tool_result", "toolu_lg_3"), ("tool_result", "toolu_lg_4")]),  # no id: the oldest
+        ("assistant", [("tool_use", "toolu_lg_5")]),  # legacy function_call
+        ("user", [("tool_result", "toolu_lg_5")]),
+        ("assistant", [("tool_use", "c0")]),
+        ("user", [("tool_result", "c0")]),
+    ]
+    assert traced.units == [[1], [2], [3, 4], [5], [6, 7], [8], [9], [10], [11]]
+    assert traced.messages[2]["content"][1]["content"] == [{"type": "text", "text": "same"}]
+    assert traced.messages[7]["content"][0]["input"] == {"path": "a"}  # arguments as an object
+    assert traced.messages[1]["content"][1]["input"] == {"path": "a"}  # a JSON string decoded
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("delivery", ["message", "tool_suffix", "default"])
+async def test_every_chat_form_gets_the_same_request_side_actions_in_messages_form(
+    stream: bool, delivery: str
+) -> None:
+    """The fixture of every chat form replayed in both dialects: the same reminders and withholds
+    at the same calls, with the seed guards (reminders as text blocks or appended to results)
+    and with the shipped default config."""
+    config: dict[str, Any] | None = None
+    if delivery != "default":
+        config = _with(
+            SEED, "repeat_reminder", exclude=["ls"], inject_as="user" if delivery == "message" else delivery
+        )
+        config = _with(config, "circuit_breaker", exempt=["ls"])
+    fx = _every_form(3)
+    chat = await replay(fx, config, stream)
+    messages = await replay(fx, config, stream, "messages")
+    assert {o.kind for o in messages.observations} >= ({"remind", "withhold"} if config else {"remind"})
+    assert request_side(messages) == request_side(chat)

@@ -51,7 +51,7 @@ REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_conten
 def test_path_registry_maps_suffixes_to_dialects() -> None:
     assert for_path("/v1/responses") is openai_responses
     assert for_path("/openai/v1/chat/completions") is openai_chat
-    assert for_path("/v1/messages") is None
+    assert for_path("/v1/messages/count_tokens") is None
     assert for_path("/v1/responses/resp_1/input_items") is None
 
 

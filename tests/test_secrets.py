@@ -7,7 +7,9 @@ happen, with a marker in every request header, the upstream URL's credentials an
 message, the tool definitions, every tool call id and argument, every tool result, the model's
 answers and the model's response headers; chat completions JSON and SSE, and the Responses API
 (``POST /v1/responses``); plus malformed requests that make aiohttp log, upstream failures and
-agent disconnects. Then the marker must be in none of: stdout, stderr,
+agent disconnects; and Anthropic Messages (``POST /v1/messages?beta=true``, the marker in
+``x-api-key``, ``authorization``, ``anthropic-version``, ``anthropic-beta``, ``system``, thinking
+signatures and every block). Then the marker must be in none of: stdout, stderr,
 the incident log, ``GET /loop-guard/metrics``, ``GET /loop-guard`` and its per-conversation views,
 ``GET /loop-guard/healthz``.
 
@@ -111,6 +113,30 @@ def responses_answer(n: int) -> dict[str, Any]:
     }
 
 
+def messages_answer(n: int) -> dict[str, Any]:
+    """The looping model's answer in Anthropic Messages: thinking, some text, the same call again."""
+    call = loop_call(n)
+    return {
+        "id": f"msg_{MARKER}",
+        "type": "message",
+        "role": "assistant",
+        "model": "fake-model",
+        "content": [
+            {"type": "thinking", "thinking": f"thinking about {MARKER}", "signature": MARKER},
+            {"type": "text", "text": f"Reading it again, {MARKER}."},
+            {
+                "type": "tool_use",
+                "id": f"toolu_{MARKER}_{n}",
+                "name": "read_file",
+                "input": orjson.loads(call["function"]["arguments"]),
+            },
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
 async def model(request: web.Request, body: bytes) -> web.StreamResponse:
     mode = request.headers.get("x-fake-mode", "loop")
     if request.method == "GET":  # /v1/models and the like
@@ -137,6 +163,9 @@ async def model(request: web.Request, body: bytes) -> web.StreamResponse:
         )
         request.transport.close()
         return web.Response()
+    if request.path.endswith("/v1/messages"):
+        n = sum(1 for m in req.get("messages", []) if m.get("role") == "assistant")
+        return web.json_response(messages_answer(n), headers=UPSTREAM_HEADERS)
     if request.path.endswith("/responses"):
         n = sum(1 for item in req.get("input", []) if item.get("type") == "function_call")
         return web.json_response(responses_answer(n), headers=UPSTREAM_HEADERS)
@@ -317,6 +346,52 @@ async def responses_conversation(
     return statuses
 
 
+async def messages_conversation(
+    s: aiohttp.ClientSession, base: str, key: str | None, steps: int
+) -> list[int]:
+    """The same looping agent on Anthropic Messages (``POST /v1/messages?beta=true``, Claude
+    Code's path): the marker in ``system``, every message, every ``tool_result``, the
+    ``anthropic-version`` / ``anthropic-beta`` headers (``x-api-key`` and ``authorization`` are
+    in every agent's headers)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": f"Fix the bug; my password is {MARKER}."}]},
+    ]
+    headers = {**agent_headers(key, "loop"), "anthropic-version": MARKER, "anthropic-beta": MARKER}
+    statuses = []
+    for _ in range(steps):
+        body = {
+            "model": "fake-model",
+            "max_tokens": 1024,
+            "system": [
+                {
+                    "type": "text",
+                    "text": f"The deploy key is {MARKER}.",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+            "messages": messages,
+            "metadata": {"user_id": MARKER},
+            "tools": [{"name": "read_file", "description": MARKER, "input_schema": {"type": "object"}}],
+        }
+        async with s.post(
+            f"{base}/v1/messages?beta=true&key={MARKER}", data=orjson.dumps(body), headers=headers
+        ) as r:
+            statuses.append(r.status)
+            answer = await r.json()
+        messages.append({"role": "assistant", "content": answer["content"]})
+        results = [
+            {
+                "type": "tool_result",
+                "tool_use_id": b["id"],
+                "content": [{"type": "text", "text": f"def f():  # {MARKER}"}],
+            }
+            for b in answer["content"]
+            if b["type"] == "tool_use"
+        ]
+        messages.append({"role": "user", "content": results or f"continue {MARKER}"})
+    return statuses
+
+
 async def hang_up_mid_stream(s: aiohttp.ClientSession, base: str) -> None:
     """An agent that reads the start of a stream and goes away."""
     messages = first_messages()
@@ -426,6 +501,8 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
                 *(conversation(s, base, *run) for run in runs),
                 responses_conversation(s, base, "conv-responses", 10),
                 responses_conversation(s, base, None, 8),
+                messages_conversation(s, base, "conv-messages", 10),
+                messages_conversation(s, base, None, 8),
             )
             assert [502] in statuses and [500] in statuses and [-1] in statuses, statuses
             await hang_up_mid_stream(s, base)
@@ -470,6 +547,11 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
         if rec.method == "POST":
             assert MARKER in rec.body.decode(errors="replace") or rec.body == b"{}"
         assert rec.headers.get("x-api-key") == MARKER, rec.headers
+        if rec.path_qs.startswith("/v1/messages"):
+            assert (rec.headers.get("anthropic-version"), rec.headers.get("anthropic-beta")) == (
+                MARKER,
+                MARKER,
+            )
 
     # nowhere in what the proxy writes or shows
     assert proc.returncode == 0
@@ -509,6 +591,8 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
     assert {x["conversation"] for x in requests} >= {"conv-json", "conv-sse", "conv-failing"}
     on_responses = Counter(a["rule"] for x in requests if x["path"] == "/v1/responses" for a in x["actions"])
     assert on_responses["repeat_reminder"] > 0 and on_responses["circuit_breaker"] > 0, on_responses
+    on_messages = Counter(a["rule"] for x in requests if x["path"] == "/v1/messages" for a in x["actions"])
+    assert on_messages["repeat_reminder"] > 0 and on_messages["circuit_breaker"] > 0, on_messages
     kinds = Counter(orjson.loads(x)["kind"] for x in incident_log.splitlines())
     assert kinds["duplicate"] >= 2 and kinds["stop"] >= 2, kinds
     stats = orjson.loads(views["/loop-guard"])

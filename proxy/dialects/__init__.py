@@ -2,9 +2,12 @@
 actions back into it (DESIGN §2.1).
 
 :data:`REGISTRY` maps request path suffixes to dialects: ``/chat/completions``
-(:mod:`proxy.dialects.openai_chat`) and ``/responses`` (:mod:`proxy.dialects.openai_responses`;
+(:mod:`proxy.dialects.openai_chat`), ``/responses`` (:mod:`proxy.dialects.openai_responses`;
 its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`` chains:
-:mod:`proxy.request.response_store`). Every other path is plain passthrough.
+:mod:`proxy.request.response_store`) and ``/v1/messages`` (:mod:`proxy.dialects.anthropic_messages`,
+Anthropic Messages). Every other path is plain passthrough (``/v1/messages/count_tokens``,
+``/v1/models``, …). The suffixes end in different words, so at most one matches a path and the
+order of the registry does not matter; the query string is never part of the path.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from proxy.actions import Action
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.transcript import Transcript
 
 
@@ -28,12 +31,12 @@ class Dialect(Protocol):
 
 
 #: In lookup order; the first whose ``PATH_SUFFIX`` ends the request path wins.
-REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses)  # type: ignore[assignment]
+REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses, anthropic_messages)  # type: ignore[assignment]
 
 
 def for_path(path: str) -> Dialect | None:
-    """The dialect for a request path (``/v1/responses``, ``/openai/v1/chat/completions``, …),
-    or None for passthrough."""
+    """The dialect for a request path (``/v1/responses``, ``/openai/v1/chat/completions``,
+    ``/v1/messages``, …; aiohttp's ``request.path``, without the query), or None for passthrough."""
     for dialect in REGISTRY:
         if path.endswith(dialect.PATH_SUFFIX):
             return dialect

@@ -52,7 +52,9 @@ def _kind(raw: bytes, fields: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     }
 
 
-def _replace(fields: Mapping[str, tuple[int, int]], start: int, member: str, text: str) -> Edit:
+def replace_member(fields: Mapping[str, tuple[int, int]], start: int, member: str, text: str) -> Edit:
+    """The edit that makes ``member`` of the object at byte ``start`` (its members: ``fields``)
+    the string ``text``; a missing member is added first in the object."""
     span = fields.get(member)
     if span is not None:
         return (span[0], span[1], jsonbody.dumps(text))
@@ -60,9 +62,12 @@ def _replace(fields: Mapping[str, tuple[int, int]], start: int, member: str, tex
     return (start + 1, start + 1, added)  # a missing member goes first in the object
 
 
-def _append(
+def append_text(
     raw: bytes, fields: Mapping[str, tuple[int, int]], start: int, member: str, part: dict[str, Any]
 ) -> Edit:
+    """The edit that appends ``part["text"]`` to ``member`` of the object at byte ``start``: a
+    non-empty string gets a blank line and the text inside its quotes, an array the text part
+    ``part``; anything else (null, ``""``, missing) becomes the text."""
     text = part["text"]
     span = fields.get(member)
     if span is not None:
@@ -73,7 +78,7 @@ def _append(
         if first == b"[":
             encoded = jsonbody.dumps(part)
             return (ve - 1, ve - 1, (b"," + encoded) if jsonbody.items(raw, vs) else encoded)
-    return _replace(fields, start, member, text)
+    return replace_member(fields, start, member, text)
 
 
 def apply(raw: bytes, actions: Sequence[Action], body: Any, wire: Wire) -> bytes | None:
@@ -105,9 +110,9 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any, wire: Wire) -> bytes
         member = wire.result_member(kind)
         if pos in withheld:
             text = "\n\n".join(t for t in (withheld[pos], suffix.get(pos, "")) if t)
-            out.append(_replace(fields, item_start, member, text))
+            out.append(replace_member(fields, item_start, member, text))
         else:
-            out.append(_append(raw, fields, item_start, member, wire.text_part(kind, suffix[pos])))
+            out.append(append_text(raw, fields, item_start, member, wire.text_part(kind, suffix[pos])))
     for after, group in grouped.items():
         if after not in suffix:
             end = spans[after][1]

@@ -1,17 +1,20 @@
-"""The response side at the edge (aiohttp): relay a chat-completion or Responses answer through the
-guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
-:mod:`proxy.response.responses_stream` for the Responses API).
+"""The response side at the edge (aiohttp): relay a chat-completion, Responses or Messages answer
+through the guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
+:mod:`proxy.response.responses_stream` for the Responses API, :mod:`proxy.response.messages_stream`
+for Anthropic Messages).
 
-Which responses are read (:func:`plan`): answers to ``POST …/chat/completions`` and
-``POST …/responses`` with status 200,
+Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
+``POST …/responses`` and ``POST …/messages`` with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
 A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
 re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
 for compression get exactly what the upstream sent). Everything else is plain passthrough.
 
-- SSE (:func:`relay_sse`): each upstream read goes through :class:`proxy.response.stream_guard.StreamGuard`
-  and what it returns is written at once. On ``abort`` (runaway or degenerate cut) the upstream
-  response is closed before the final bytes are written, so the server stops generating.
+- SSE (:func:`relay_sse`): each upstream read goes through the wire's stream guard
+  (:class:`proxy.response.stream_guard.StreamGuard` for chat, ``ResponsesStreamGuard``,
+  ``MessagesStreamGuard``) and what it returns is written at once. On ``abort`` (runaway or
+  degenerate cut) the upstream response is closed before the final bytes are written, so the
+  server stops generating.
 - JSON (:func:`relay_json`): the body is buffered, decided (:func:`proxy.response.decide.decide_json`)
   and then written, rewritten or as the original bytes.
 - Responses answers also tell the response store what the agent got
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +52,7 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
+from proxy.response import messages_stream
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
 from proxy.response.decide import (
@@ -59,8 +63,9 @@ from proxy.response.decide import (
     earlier_stops,
     observed_actions,
 )
+from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
-from proxy.response.stream_guard import StreamGuard
+from proxy.response.stream_guard import FramedGuard, StreamGuard
 
 log = structlog.get_logger("loopguard")
 
@@ -72,16 +77,19 @@ class ResponseSide:
     kind: str  # "sse" | "json" | "observe" (read for the store only, relayed unchanged)
     cfg: Config
     judge: StopJudge | None
-    #: the answer's wire: ``chat`` (chat completions) or ``responses`` (the Responses API)
+    #: the answer's wire: ``chat`` (chat completions), ``responses`` (the Responses API) or
+    #: ``messages`` (Anthropic Messages)
     wire: str = "chat"
     actions: list[Action] = field(default_factory=list)
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
     #: is done, not gone (issue 14, item 12)
     delivered: bool = False
-    #: called once with the answer the agent gets, before its last bytes are written (Responses)
-    on_answer: Callable[[Answer], None] | None = None
+    #: called once with the answer the agent gets, before its last bytes are written (Responses);
+    #: what it returns, when awaitable (the shared store's write), is awaited by :meth:`settle`
+    on_answer: Callable[[Answer], Awaitable[None] | None] | None = None
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
+    pending: Awaitable[None] | None = None
     #: the observed part of the response side (issue 16), reading the same bytes, changing none
     shadow: Shadow | None = None
     #: the upstream's answer for the capture (``capture.path``, chat only): SSE assembled, JSON whole
@@ -126,9 +134,16 @@ class ResponseSide:
             self.on_answer = callback
             return
         try:
-            callback(answer)
+            self.pending = callback(answer)
         except Exception as exc:
             failed(stats, "store", exc)
+
+    async def settle(self) -> None:
+        """Await what ``on_answer`` started (the answer's write to the shared store, bounded by
+        ``state.timeout_ms`` and failing open), so it is done before the agent has the answer."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            await pending
 
 
 def enabled(cfg: Config) -> bool:
@@ -150,8 +165,8 @@ class Shadow:
         self._wire = wire
         self._cfg = cfg
         self._judge = judge
-        kind = ResponsesStreamGuard if wire == "responses" else StreamGuard
-        self._guard: StreamGuard | ResponsesStreamGuard | None = kind(cfg, judge) if sse else None
+        kind = _STREAM_GUARDS.get(wire, StreamGuard)
+        self._guard: FramedGuard | None = kind(cfg, judge) if sse else None
         self._body = bytearray()
         self._failed = False
 
@@ -181,6 +196,8 @@ class Shadow:
                 actions = list(self._guard.actions)
             elif not self._failed and self._wire == "responses":
                 _, actions, _ = responses_answer.decide_json_answer(bytes(self._body), self._judge, self._cfg)
+            elif not self._failed and self._wire == "messages":
+                _, actions = messages_stream.decide_json(bytes(self._body), self._judge, self._cfg)
             elif not self._failed:
                 _, actions = decide_json(bytes(self._body), self._judge, self._cfg)
         except Exception as exc:
@@ -199,7 +216,7 @@ def plan(
     tap: bool = False,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
-    the answer's wire (``"chat"``, ``"responses"``; True means chat), or False/None.
+    the answer's wire (``"chat"``, ``"responses"``, ``"messages"``; True means chat), or False/None.
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
     ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
     side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
@@ -272,13 +289,20 @@ def failed(stats: Stats, where: str, exc: Exception) -> None:
     log.error("response_guard_error", error=type(exc).__name__, where=where)
 
 
+#: The stream guard of each answer wire (``ResponseSide.wire``); chat completions by default.
+_STREAM_GUARDS: dict[str, type[FramedGuard]] = {
+    "responses": ResponsesStreamGuard,
+    "messages": MessagesStreamGuard,
+}
+
+
 async def relay_sse(
     upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    kind = ResponsesStreamGuard if side.wire == "responses" else StreamGuard
-    guard: StreamGuard | ResponsesStreamGuard | None = kind(side.cfg, side.judge)
+    kind = _STREAM_GUARDS.get(side.wire, StreamGuard)
+    guard: FramedGuard | None = kind(side.cfg, side.judge)
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
@@ -300,6 +324,7 @@ async def relay_sse(
                 upstream.close()  # the server stops generating now
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)
+                await side.settle()
             if out.data:
                 await response.write(out.data)
             if guard.complete and guard.received == guard.settled:
@@ -360,6 +385,9 @@ async def relay_json(
         if side.wire == "responses":
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
             side.answered(answer, stats)
+            await side.settle()
+        elif side.wire == "messages":
+            new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         else:
             new, actions = decide_json(raw, side.judge, side.cfg)
         side.actions.extend(actions)
@@ -411,6 +439,7 @@ async def _relay_observed(
             except Exception as exc:
                 failed(stats, "capture", exc)
                 capture = None
+        await side.settle()
         await response.write(chunk)
         if capture is not None and capture.complete:
             side.delivered = True
@@ -420,6 +449,7 @@ async def _relay_observed(
             side.answered(capture.answer, stats)
         except Exception as exc:
             failed(stats, "capture", exc)
+        await side.settle()
 
 
 def readable_stream(upstream: aiohttp.ClientResponse) -> bool:

@@ -2,8 +2,11 @@
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
 ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions`` bodies go through
-the guards first (:func:`proxy.request.rewrite.decide_request`).
+is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
+``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
+(:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
+``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
+upstream as it came (hop-by-hop ones aside) and is never logged.
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
@@ -30,6 +33,15 @@ Behaviour at the edge:
   (``unknown_previous_response``). Any error there fails open like the guards.
 - Circuit-breaker incidents of a request are recorded right after its decision
   (:mod:`proxy.ops.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
+- Hot reload (issue 16): ``SIGHUP`` and ``POST /loop-guard/reload`` re-read the config file
+  (:mod:`proxy.edge.runtime`). What a request uses of the config (guards, the response side, the admin
+  token, the conversation-key headers) is the :class:`Runtime` it started with
+  (:func:`_rt`), so a request in flight finishes under its config. An invalid file, or one that
+  changes a key only a restart can change (:data:`proxy.ops.config.RESTART_ONLY`), is rejected
+  naming the key (the endpoint answers 400 with the message), and the running config stays.
+- Several replicas (issue 16, ``state.backend``): the request side's state is fetched before and
+  written after the (pure) decision, a kept Responses answer before its last bytes reach the
+  agent, incidents are claimed by the writer (:mod:`proxy.edge.shared_state`).
 - Observe mode (issue 16, ``mode``): the guards get the observed rules
   (:meth:`proxy.ops.config.Config.observed_rules`); their actions are logged, counted and
   recorded but not applied, and the response side's observed part reads the answer in a shadow
@@ -45,7 +57,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -55,9 +67,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import jsonbody, openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
-from proxy.guards import Guard, build_guards
+from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
+from proxy.edge.shared_state import SharedState
 from proxy.ops import capture
 from proxy.ops.capture import CaptureLog
 from proxy.ops.config import Config
@@ -68,6 +81,7 @@ from proxy.ops.observe import SERVER_LOG, Stats, action_summary
 from proxy.request.memory import Memory
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
 from proxy.request.rewrite import RequestDecision, decide_request
+from proxy.request.shared import newer
 from proxy.response import as_stream
 
 CONFIG_KEY = web.AppKey("config", Config)
@@ -99,6 +113,12 @@ UPSTREAM_ANSWER: Any = (
     else "loopguard.upstream_answer"
 )
 
+
+#: The current config and guards (:mod:`proxy.edge.runtime`; replaced by a reload).
+LIVE_KEY = web.AppKey("live", Live)
+#: The state replicas share (``state.backend``; in memory by default).
+SHARED_KEY = web.AppKey("shared_state", SharedState)
+
 log = structlog.get_logger("loopguard")
 
 
@@ -113,6 +133,10 @@ HEADER_LIMIT = 64 * 1024
 #: stream's end as the response side read it), so a hang-up from now on is not a disconnect.
 DELIVERED: Any = (
     web.RequestKey("loopguard.delivered", bool) if hasattr(web, "RequestKey") else "loopguard.delivered"
+)
+#: ``request[RUNTIME]``: the :class:`Runtime` the request started with.
+RUNTIME: Any = (
+    web.RequestKey("loopguard.runtime", Runtime) if hasattr(web, "RequestKey") else "loopguard.runtime"
 )
 DONE_MARK = b"[DONE]"
 #: Seconds an answer given before the whole request body came waits for the rest (see start()).
@@ -187,8 +211,30 @@ def _body_timeout_response(request: web.Request, received: int) -> web.Response:
     return response
 
 
+def _rt(request: web.Request) -> Runtime:
+    """The :class:`Runtime` of this request: the current one when the request first asks."""
+    rt = request.get(RUNTIME)
+    if rt is None:
+        rt = request[RUNTIME] = request.app[LIVE_KEY].current
+    return rt
+
+
+async def reload_handler(request: web.Request) -> web.Response:
+    """``POST /loop-guard/reload`` (admin token): 200 ``{"status": "reloaded"}``, or 400 with an
+    OpenAI-style error whose message names the key."""
+    _check_admin(request)
+    error = await reload_logged(request.app[LIVE_KEY], "http")
+    if error is not None:
+        return web.Response(
+            status=400,
+            body=_error_body(f"loopguard: config not reloaded: {error}", "invalid_config", 400),
+            content_type="application/json",
+        )
+    return web.json_response({"status": "reloaded"})
+
+
 def _check_admin(request: web.Request) -> None:
-    token = request.app[CONFIG_KEY].admin_token
+    token = _rt(request).cfg.admin_token
     if token and request.headers.get("Authorization", "") != f"Bearer {token}":
         raise web.HTTPUnauthorized(
             text=_error_body("missing or wrong admin token", "unauthorized", 401).decode(),
@@ -212,7 +258,12 @@ async def stats(request: web.Request) -> web.Response:
     _check_admin(request)
     if "conversation" in request.query:  # one conversation's turn-guard ledger (issue 4)
         key = request.query["conversation"]
-        memory = request.app[MEMORY_KEY]
+        memory = _rt(request).memory
+        remote = await request.app[SHARED_KEY].fetch_state(key)
+        if remote is not None:  # another replica's newer request
+            with contextlib.suppress(Exception):
+                if newer(memory.store.get(key, memory.clock()), remote):
+                    memory.store.put(key, remote)
         view = memory.view(key, memory.clock())
         if view is None:
             message = f"no turn_guard ledger for conversation {key!r} (unknown, expired, or turn_guard off)"
@@ -222,14 +273,23 @@ async def stats(request: web.Request) -> web.Response:
         return web.json_response(view, dumps=lambda o: orjson.dumps(o).decode())
     snapshot = request.app[STATS_KEY].snapshot()
     snapshot["responses_store"] = request.app[RESPONSES_KEY].snapshot()
+    totals = await request.app[SHARED_KEY].totals()
+    if totals is not None:  # several replicas: the sum of their counters (proxy.edge.shared_state)
+        snapshot["replicas"] = totals
     return web.json_response(snapshot, dumps=lambda o: orjson.dumps(o).decode())
 
 
 def _error_event(request: web.Request, message: str, type_: str, code: int) -> bytes:
     """The SSE event that ends a broken stream: ``data: {"error": …}`` for chat completions, an
-    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API."""
-    if _guarded(request) == "responses":
-        obj = {"type": "error", "code": type_, "message": message, "param": None}
+    ``error`` event (``{"type": "error", "code", "message", "param"}``) for the Responses API, an
+    ``error`` event (``{"type": "error", "error": {"type", "message"}}``, Anthropic's form, which
+    its SDK raises as an API error) for Messages."""
+    wire = _guarded(request)
+    if wire == "responses":
+        obj: dict[str, Any] = {"type": "error", "code": type_, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
+    if wire == "messages":
+        obj = {"type": "error", "error": {"type": type_, "message": message}}
         return b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"
     return b"data: " + _error_body(message, type_, code) + b"\n\n"
 
@@ -240,30 +300,52 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
 
 
 def _guarded(request: web.Request) -> str | None:
-    """The wire of the answer the response side reads (``chat``, ``responses``), or None."""
+    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
+    None."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
+    if dialect is anthropic_messages:
+        return "messages"
     return "responses" if dialect is openai_responses else None
 
 
-def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
+def _header_key(headers: Any, names: tuple[str, ...]) -> str | None:
+    """The conversation key when a ``conversation_key`` header gives it (DESIGN §4's first rule:
+    known before the body is read), else None."""
+    return next((headers[n] for n in names if headers.get(n)), None)
+
+
+async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
     app = request.app
-    guards: tuple[Guard, ...] = app[GUARDS_KEY]
-    memory = app[MEMORY_KEY]
+    rt = _rt(request)
+    memory = rt.memory
+    store = app[RESPONSES_KEY]
+    shared = app[SHARED_KEY]
     now_ms = memory.clock()
     request[DECIDED_MS] = now_ms  # the capture records the time the guards decided at
-    try:
-        decision = decide_request(
+
+    def run(state_for: Any, previous: Any) -> RequestDecision:
+        return decide_request(
             raw,
             request.headers,
-            guards,
-            app[CONFIG_KEY].conversation_key.headers,
+            rt.guards,
+            rt.cfg.conversation_key.headers,
             now_ms=now_ms,
-            state_for=memory.state_for(now_ms),
+            state_for=state_for,
             dialect=dialect,
-            previous=app[RESPONSES_KEY].get if dialect is openai_responses else None,
-            observed=app[CONFIG_KEY].observed_rules(),
+            previous=previous,
+            observed=rt.cfg.observed_rules(),
+        )
+
+    try:  # with a shared backend, what the decision asks for is fetched first (proxy.edge.shared_state)
+        decision = await shared.decide(
+            run,
+            memory.state_for(now_ms),
+            store.get if dialect is openai_responses else None,
+            memory.store.put,
+            store.put,
+            hint=_header_key(request.headers, rt.cfg.conversation_key.headers),
         )
     except Exception as exc:  # fail open: the guards must never break the agent
         app[STATS_KEY].internal_errors += 1
@@ -271,9 +353,13 @@ def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> Requ
         return RequestDecision(raw, (), False)
     try:  # remember first-seen times, narration reminders, the ledger (proxy.request.memory)
         memory.commit(decision, now_ms)
+        state = memory.store.get(decision.conversation, now_ms) if shared.shared and memory.enabled else None
     except Exception as exc:  # fail open: a memory bug must not change the decision
         app[STATS_KEY].internal_errors += 1
         log.error("memory_error", error=type(exc).__name__, path=request.path)
+        return decision
+    if state is not None and decision.transcript is not None:
+        await shared.save_state(decision.conversation, state)
     return decision
 
 
@@ -303,9 +389,12 @@ def _keeper(app: web.Application, decision: RequestDecision | None) -> Any:
     if chain is None or not (chain.keep or chain.lost):
         return None
     store = app[RESPONSES_KEY]
+    shared = app[SHARED_KEY]
 
-    def keep(answer: Answer) -> None:
-        store.after_answer(chain, answer)
+    def keep(answer: Answer) -> Any:
+        if store.after_answer(chain, answer) and shared.shared:  # written before the agent has it
+            return asyncio.ensure_future(shared.keep(answer.response_id, store.peek(answer.response_id)))
+        return None
 
     return keep
 
@@ -326,6 +415,7 @@ def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
+    rt = _rt(request)  # this request's config and guards, whatever a reload does meanwhile
     st = app[STATS_KEY]
     st.requests += 1
     try:
@@ -357,11 +447,11 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
     decision = RequestDecision(raw, (), False)
     # With every request-side guard off there is nothing to decide: the body is not even parsed.
-    dialect = _dialect(request) if app[GUARDS_KEY] else None
+    dialect = _dialect(request) if rt.guards else None
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
     elif dialect is not None:
-        decision = _decide(request, raw, dialect)
+        decision = await _decide(request, raw, dialect)
         if decision.unguarded is None:
             st.guarded_requests += 1  # read by the guards (unreadable ones count under unguarded)
         if decision.changed:
@@ -414,13 +504,13 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> None:
     """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
     app = request.app
-    cfg = app[CONFIG_KEY]
+    cfg = _rt(request).cfg
     try:
         upstream_answer = request.get(UPSTREAM_ANSWER)
         data = capture.line(
-            time_ms=request.get(DECIDED_MS) or app[MEMORY_KEY].clock(),
+            time_ms=request.get(DECIDED_MS) or _rt(request).memory.clock(),
             conversation=decision.conversation,
-            dialect="responses" if _guarded(request) == "responses" else "chat",
+            dialect=_guarded(request) or "chat",
             body=jsonbody.decode(raw),
             answer=capture.answer_of(upstream_answer) if upstream_answer else None,
             contents=cfg.capture.contents,
@@ -518,12 +608,13 @@ async def _forward(
     app[INFLIGHT_KEY].add(upstream)
     side: relay.ResponseSide | None = None
     try:
+        rt = _rt(request)
         side = relay.plan(
             _guarded(request),
             upstream,
             decision,
-            app[GUARDS_KEY],
-            app[CONFIG_KEY],
+            rt.guards,
+            rt.cfg,
             _keeper(app, decision),
             tap=CAPTURE_KEY in app and decision is not None and decision.transcript is not None,
         )
@@ -722,6 +813,17 @@ async def _capture_log(app: web.Application) -> AsyncIterator[None]:
         await asyncio.to_thread(app[CAPTURE_KEY].close)
 
 
+async def _shared_state(app: web.Application) -> AsyncIterator[None]:
+    shared = app[SHARED_KEY]
+    publisher = asyncio.create_task(shared.run_publisher()) if shared.shared else None
+    yield
+    if publisher is not None:
+        publisher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await publisher
+    await shared.close()
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     up = app[CONFIG_KEY].upstream
     timeout = aiohttp.ClientTimeout(
@@ -742,8 +844,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     await app[SESSION_KEY].close()
 
 
-def create_app(cfg: Config) -> web.Application:
-    """The proxy application for ``cfg`` (no sockets opened until it is run)."""
+def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.Application:
+    """The proxy application for ``cfg`` (no sockets opened until it is run). ``loader``: what
+    a reload calls to re-read the config (:func:`proxy.edge.runtime.reload`; None: no reload)."""
     app = web.Application(client_max_size=cfg.upstream.max_body_mb * 1024 * 1024)
     app[CONFIG_KEY] = cfg
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
@@ -751,27 +854,31 @@ def create_app(cfg: Config) -> web.Application:
     app[SHUTDOWN_KEY] = asyncio.Event()
     app[INFLIGHT_KEY] = set()
     app[METRICS_KEY] = Metrics(app[STATS_KEY])
-    app[GUARDS_KEY] = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-    )
-    app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log)
-    app[MEMORY_KEY] = Memory(app[GUARDS_KEY])
+    runtime = build_runtime(cfg)
+    app[LIVE_KEY] = Live(runtime, loader)
+    app[GUARDS_KEY] = runtime.guards
+    app[MEMORY_KEY] = runtime.memory
+    app[SHARED_KEY] = SharedState(cfg.state, app[STATS_KEY], cfg.responses_store)
+    claim = app[SHARED_KEY].claim if app[SHARED_KEY].shared else None
+    app[INCIDENTS_KEY] = IncidentLog(cfg.guards.circuit_breaker.incident_log, claim=claim)
     app[RESPONSES_KEY] = ResponseStore(cfg.responses_store)
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_shared_state)
     app.cleanup_ctx.append(_incident_log)
     app.cleanup_ctx.append(_capture_log)
     app.router.add_get("/loop-guard", stats)
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_get("/loop-guard/metrics", metrics)
+    app.router.add_post("/loop-guard/reload", reload_handler)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
-async def start(cfg: Config) -> tuple[web.AppRunner, int]:
+async def start(cfg: Config, loader: Callable[[], Config] | None = None) -> tuple[web.AppRunner, int]:
     """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
-    (useful with port 0). Stop with ``await runner.cleanup()``."""
+    (useful with port 0). Stop with ``await runner.cleanup()``. ``loader``: see :func:`create_app`."""
     runner = web.AppRunner(
-        create_app(cfg),
+        create_app(cfg, loader),
         handler_cancellation=True,
         access_log=None,
         auto_decompress=False,
@@ -799,13 +906,17 @@ async def start(cfg: Config) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
-async def serve_forever(cfg: Config, source: str | None = None) -> None:
+async def serve_forever(
+    cfg: Config, loader: Callable[[], Config] | None = None, source: str | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
     end the rest (a stream gets the error event), write their log lines, return (exit 0).
-    ``source``: the config file's path, for the startup line (None: built-in defaults).
-    Raises OSError when the address cannot be bound (the CLI says so in one line, exit 2)."""
-    runner, port = await start(cfg)
+    SIGHUP re-reads the config through ``loader`` (:func:`proxy.edge.runtime.reload`; a rejected
+    file is logged). ``source``: the config file's path, for the startup line (None: built-in
+    defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
+    exit 2)."""
+    runner, port = await start(cfg, loader)
     log.info(
         "listening",
         host=cfg.listen.host,
@@ -821,6 +932,8 @@ async def serve_forever(cfg: Config, source: str | None = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
             loop.add_signal_handler(sig, stop.set)
     app = runner.app
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, app[LIVE_KEY].on_signal)
     try:
         await stop.wait()
         log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))

@@ -154,7 +154,7 @@ def line(
         "dialect": dialect,
         "contents": contents,
     }
-    field = "messages" if dialect == "chat" else "input"
+    field = "input" if dialect == "responses" else "messages"
     items = body.get(field) if isinstance(body, dict) else None
     if dialect == "responses" and isinstance(body, dict) and body.get("previous_response_id"):
         out["chained"] = True

@@ -17,7 +17,7 @@ import errno
 import importlib.metadata
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import yaml
 
@@ -176,13 +176,15 @@ def _check_config(path: str) -> int:
     return 0
 
 
-def _serve(cfg: Config, args: argparse.Namespace, source: str | None) -> int:
+def _serve(
+    cfg: Config, args: argparse.Namespace, source: str | None, reread: Callable[[], Config] | None = None
+) -> int:
     from proxy.edge.server import serve_forever
 
     configure_logging(args.log_level, args.log_format or default_log_format())
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_forever(cfg, source))
+            asyncio.run(serve_forever(cfg, reread, source))
     except OSError as e:
         if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             why = {errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror or str(e))
@@ -209,7 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2
-    return _serve(cfg, args, args.config or os.environ.get("LOOPGUARD_CONFIG") or None)
+
+    def reread() -> Config:  # SIGHUP and POST /loop-guard/reload: the same file, env and flags
+        return effective_config(args, os.environ)
+
+    return _serve(cfg, args, args.config or os.environ.get("LOOPGUARD_CONFIG") or None, reread)
 
 
 if __name__ == "__main__":

@@ -612,6 +612,45 @@ class ResponsesStoreConfig:
                 raise ConfigError(f"{path}.{name}", "must be > 0 or null (no limit)")
 
 
+#: What a backend URL may start with (``state.backend``): the redis package's URL schemes.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where the state shared by replicas lives (issue 16; :mod:`proxy.request.shared`).
+
+    ``backend``: ``memory`` (default: one process, today's behaviour) or a Redis URL
+    (``redis://host:6379/0``, ``rediss://…``, ``unix:///path``) shared by every replica: narration
+    timing and first-seen times, incident de-duplication, the Responses store, and the stats
+    totals. ``timeout_ms`` (50): the longest one Redis call may take (connect included); past it
+    the call fails open. ``retry_s`` (1.0): after a failed call Redis is not asked again for this
+    long (requests meanwhile use local state only). ``prefix``: of every Redis key.
+    ``stats_interval_s`` (5.0): how often a replica publishes its counters for the totals.
+    """
+
+    backend: str = "memory"
+    timeout_ms: float = 50.0
+    retry_s: float = 1.0
+    prefix: str = "loopguard:"
+    stats_interval_s: float = 5.0
+
+    @property
+    def shared(self) -> bool:
+        return self.backend != "memory"
+
+    def check(self, path: str) -> None:
+        if self.backend != "memory" and not self.backend.startswith(REDIS_SCHEMES):
+            raise ConfigError(f"{path}.backend", f"must be 'memory' or a redis:// URL, got {self.backend!r}")
+        for name in ("timeout_ms", "stats_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{path}.{name}", "must be > 0")
+        if self.retry_s < 0:
+            raise ConfigError(f"{path}.retry_s", "must be >= 0")
+        if not self.prefix:
+            raise ConfigError(f"{path}.prefix", "must not be empty")
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """Capture of guarded requests for ``loopguard replay`` (issue 16, :mod:`proxy.ops.capture`).
@@ -663,6 +702,7 @@ class Config:
     response: ResponseConfig = field(default_factory=ResponseConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     responses_store: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
     #: ``observe``: every section is observed, whatever its own ``mode`` (issue 16).
@@ -813,6 +853,43 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     return build(Config, _read(path))
+
+
+#: The keys a reload cannot change (issue 16, hot reload): the listening socket, the upstream
+#: connection pool and its timeouts (:mod:`proxy.edge.server` builds them at start), the stores
+#: sized at start, the state backend's connection, the incident log's file. A reload whose file
+#: changes one of them is rejected, naming the keys (restart to change them).
+RESTART_ONLY = (
+    "listen",
+    "upstream",
+    "responses_store",
+    "state",
+    "guards.circuit_breaker.incident_log",
+    # the capture file is opened at start (capture.contents may change on a reload)
+    "capture.path",
+    "capture.max_bytes",
+    "capture.backups",
+)
+
+
+def _leaves(plain: Any, path: str) -> dict[str, Any]:
+    if isinstance(plain, dict):
+        out: dict[str, Any] = {}
+        for k, v in plain.items():
+            out.update(_leaves(v, f"{path}.{k}" if path else k))
+        return out
+    return {path: plain}
+
+
+def restart_keys(old: Config, new: Config) -> list[str]:
+    """The dotted keys under :data:`RESTART_ONLY` whose values differ between ``old`` and ``new``
+    (sorted; empty when a reload may apply ``new``)."""
+    a, b = _leaves(to_plain(old), ""), _leaves(to_plain(new), "")
+    return sorted(
+        k
+        for k in a.keys() | b.keys()
+        if a.get(k) != b.get(k) and any(k == p or k.startswith(p + ".") for p in RESTART_ONLY)
+    )
 
 
 def to_plain(cfg: Any) -> Any:

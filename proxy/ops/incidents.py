@@ -19,6 +19,12 @@ hands each line to a worker thread (the event loop never touches the disk); the 
 append mode, written and closed per line, so every line is flushed (and log rotation just works).
 A failed write (missing directory, permissions, full disk) is logged once, without content, and
 counted in ``write_errors``; it never reaches the request path.
+
+Several replicas (``state.backend: redis://…``, issue 16): the writer first claims ``(agent,
+kind)`` through ``claim`` (:meth:`proxy.edge.shared_state.SharedState.claim`, one ``SET NX``) and
+writes the line only when this replica won it, so the replicas' logs together hold one line per
+conversation and kind (a retry sent to another replica included). The claim happens in the
+writer task, off the request path; a failed claim writes the line (fail open).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -108,14 +114,21 @@ class IncidentLog:
     are returned but not written.
     """
 
-    __slots__ = ("_max_keys", "_queue", "_seen", "_task", "path", "write_errors")
+    __slots__ = ("_max_keys", "_queue", "_seen", "_task", "claim", "path", "write_errors")
 
-    def __init__(self, path: str = "", max_keys: int = 10_000) -> None:
+    def __init__(
+        self,
+        path: str = "",
+        max_keys: int = 10_000,
+        claim: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
         self.path = path
         self.write_errors = 0
+        #: ``await claim(agent, kind)`` before a line is written: False = another replica wrote it
+        self.claim = claim
         self._max_keys = max_keys
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._queue: asyncio.Queue[bytes] | None = None
+        self._queue: asyncio.Queue[tuple[str, str, bytes]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def record(self, actions: Iterable[Action], agent: str, now_ms: int) -> list[Incident]:
@@ -135,7 +148,7 @@ class IncidentLog:
             incident = Incident(iso_utc(now_ms), kind, w.tool, w.count, w.limit, agent, mode)
             out.append(incident)
             if self._queue is not None:
-                self._queue.put_nowait(orjson.dumps(incident.as_dict()) + b"\n")
+                self._queue.put_nowait((agent, kind, orjson.dumps(incident.as_dict()) + b"\n"))
         return out
 
     async def start(self) -> None:
@@ -153,10 +166,12 @@ class IncidentLog:
             await self._task
         self._task = self._queue = None
 
-    async def _run(self, queue: asyncio.Queue[bytes]) -> None:
+    async def _run(self, queue: asyncio.Queue[tuple[str, str, bytes]]) -> None:
         while True:
-            line = await queue.get()
+            agent, kind, line = await queue.get()
             try:
+                if self.claim is not None and not await self.claim(agent, kind):
+                    continue  # another replica has written this incident
                 await asyncio.to_thread(self._append, line)
             except Exception as exc:  # a broken log must never affect forwarding
                 self.write_errors += 1

@@ -12,7 +12,8 @@ read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
 :mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
-before the whole answer), and
+before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-state backend
+calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream).
 """
@@ -62,6 +63,14 @@ class _StatsCollector(Collector):
         for reason, n in sorted(self._stats.unguarded.items()):
             unguarded.add_metric([reason], n)
         yield unguarded
+        backend = CounterMetricFamily(
+            "loopguard_state_backend_errors",
+            "Shared-state backend (Redis) operations that failed open, by operation.",
+            labels=["op"],
+        )
+        for op, n in sorted(self._stats.backend_errors.items()):
+            backend.add_metric([op], n)
+        yield backend
 
 
 class Metrics:

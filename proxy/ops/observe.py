@@ -134,7 +134,8 @@ class Stats:
     newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first.
 
     Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
-    enforce mode would count); ``per_action`` is keyed ``(rule, kind, mode)``;
+    enforce mode would count), ``observed_per_rule`` the observed ones (flat mappings, so that
+    replicas' counters add up key by key); ``per_action`` is keyed ``(rule, kind, mode)``;
     ``reminders_injected``, ``results_withheld``, ``stops``, ``responses_cut`` and
     ``withhold_kinds`` count applied actions only, and ``observed`` the observed ones per kind
     (``remind``, ``withhold``, ``stop``, ``cut``)."""
@@ -162,6 +163,9 @@ class Stats:
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
+    #: shared-state backend operations that failed open, per operation (``state.backend``,
+    #: :mod:`proxy.edge.shared_state`: ``fetch``, ``save_state``, ``save_entry``, ``claim_incident``, …)
+    backend_errors: Counter[str] = field(default_factory=Counter)
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[int] = set()  # a result two guards withhold is one result withheld
@@ -210,14 +214,10 @@ class Stats:
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
-            "per_mode": {
-                mode: dict(
-                    sorted(Counter({r: n for (r, _, m), n in self.per_action.items() if m == mode}).items())
-                )
-                for mode in ("enforce", "observe")
-            },
+            "observed_per_rule": self._per_rule("observe"),
             "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut")},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
+            "state_backend_errors": dict(sorted(self.backend_errors.items())),
             "incidents": [i.as_dict() for i in self.incidents],
         }

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, build_guards
 from proxy.ops.config import Config
 from proxy.request.memory import Memory
@@ -50,6 +50,13 @@ from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json, deciders, observed_actions
 from proxy.transcript import Transcript
 
+#: The request dialect of each captured ``dialect`` (Anthropic Messages: without ``system``,
+#: which the capture does not keep).
+DIALECTS: dict[str, Any] = {
+    "chat": openai_chat,
+    "responses": openai_responses,
+    "messages": anthropic_messages,
+}
 #: The time every fixture request is decided at (ms since the epoch; fixtures carry none).
 FIXTURE_TIME_MS = 1_700_000_000_000
 
@@ -158,7 +165,7 @@ def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
                     continue
                 obj = orjson.loads(raw)
                 dialect = str(obj.get("dialect") or "chat")
-                items = obj.get("messages" if dialect == "chat" else "input")
+                items = obj.get("input" if dialect == "responses" else "messages")
                 if obj.get("chained") or not isinstance(items, list):
                     continue
                 key = str(obj.get("conversation") or "")
@@ -294,9 +301,11 @@ def replay(conv: Conversation, cfg: Config) -> Result:
     for i, ex in enumerate(conv.exchanges):
         key = ex.key or conv.id
         headers = {names[0]: key} if names and key else {}
-        field_name = "messages" if ex.dialect == "chat" else "input"
+        field_name = "input" if ex.dialect == "responses" else "messages"
         raw = orjson.dumps({"model": "replay", field_name: ex.items})
-        dialect = openai_chat if ex.dialect == "chat" else openai_responses
+        dialect = DIALECTS.get(ex.dialect)
+        if dialect is None:
+            continue
         try:
             decision = decide_request(
                 raw,

@@ -4,8 +4,10 @@ Decisions never need it (they are a pure function of the history); stats, narrat
 incident records do. Order: the first configured header present (default ``x-session-id``,
 ``session_id``, ``conversation_id``), else the body's ``prompt_cache_key``, else a fingerprint:
 ``fp-`` + the first 16 hex digits of SHA-256 over the first system/developer message (Responses:
-``instructions``), the first user message and the id of the first tool call. The history is the
-chat ``messages`` or the Responses ``input`` (items). The same conversation keeps its key as it grows.
+``instructions``; Anthropic Messages: the top-level ``system``, a string or text blocks), the
+first user message and the id of the first tool call (a chat ``tool_calls`` entry, a Responses
+call item, a Messages ``tool_use`` block). The history is the chat or Messages ``messages`` or the
+Responses ``input`` (items). The same conversation keeps its key as it grows.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ def _first_call_id(messages: list[Any]) -> Any:
                     return tc.get("id")
         if m.get("type") in ("function_call", "custom_tool_call"):  # Responses: a call item
             return m.get("call_id")
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list):  # Messages: tool_use
+            for block in m["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    return block.get("id")
+    return None
+
+
+def _system_text(system: Any) -> str | None:
+    """An Anthropic Messages ``system``: a string, or the texts of its blocks (their
+    ``cache_control``, which agents move, left out); None when there is none."""
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "\n".join(b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str))
     return None
 
 
@@ -55,8 +71,10 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
                 messages = [{"role": "user", "content": messages}]
         if isinstance(messages, list):
             instructions = body.get("instructions")
+            if not isinstance(instructions, str):
+                instructions = _system_text(body.get("system"))
             parts = [
-                instructions if isinstance(instructions, str) else _first(messages, ("system", "developer")),
+                instructions if instructions is not None else _first(messages, ("system", "developer")),
                 _first(messages, ("user",)),
                 _first_call_id(messages),
             ]

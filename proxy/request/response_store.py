@@ -272,6 +272,11 @@ class ResponseStore:
         self._entries.move_to_end(rid)
         return held[0]
 
+    def peek(self, rid: str) -> Entry | None:
+        """The entry of ``rid`` without counting a use (None when not kept)."""
+        held = self._entries.get(rid)
+        return held[0] if held is not None else None
+
     def put(self, rid: str, entry: Entry) -> bool:
         """Keep ``entry`` for ``rid`` (replacing one kept for it); then drop entries past a bound,
         least recently used first. Returns False when nothing is kept (``max_entries`` 0, or the

@@ -1,0 +1,324 @@
+"""Anthropic Messages dialect, request side (``POST /v1/messages``, also ``?beta=true``; issue 12).
+
+Reads ``messages`` (each ``role`` user or assistant; ``content`` a string or blocks).
+``system`` is top level and not part of the history (the conversation key reads it,
+:mod:`proxy.request.conversation`). ``/v1/messages/count_tokens`` and every other path is
+passthrough: :data:`PATH_SUFFIX` ends the path (the query string is not part of it).
+
+Positions (*slots*, :func:`slots`): the transcript's positions index the messages as the chat
+dialect would see them, so that the same conversation gets the same positions in both forms:
+
+- an assistant message is one slot: its ``text`` blocks are what was said (joined by newlines;
+  ``thinking`` / ``redacted_thinking`` are not text), its ``tool_use`` blocks (``id``, ``name``,
+  ``input`` object: the arguments) the calls of one *step*; ``server_tool_use`` /
+  ``web_search_tool_result`` and every other block pass through unread;
+- a user message is one slot per ``tool_result`` block (``tool_use_id``, ``content`` a string or
+  blocks whose ``text`` blocks are the text, ``is_error``), in order, then one slot for the user's
+  own part when it has one: a string ``content``, a ``text`` / ``image`` / ``document`` block, or
+  no ``tool_result`` block at all. That part starts a turn; a user message whose blocks are all
+  ``tool_result`` (unknown blocks aside) is a step's results only. A message with results *and*
+  text (Claude Code sends them: a hook's output, an interruption, a ``<system-reminder>``) is
+  the results, then a turn start: the API requires the results first in it
+  (https://docs.anthropic.com/en/docs/build-with-claude/tool-use, "tool_result blocks must come
+  FIRST"), and text there is new input the model reads after them;
+- a result pairs with the first call still waiting with its ``tool_use_id`` (without an id: the
+  oldest waiting call of the latest step, as in chat). ``is_error: true`` is the failure flag
+  (``ToolResult.is_error``); anything else leaves failures to the text (:mod:`proxy.failures`);
+- a message of any other role is one slot the guards do not read, and, unlike a chat ``system``
+  message, it does not end the step before it: the API has no such role, and Claude Code sends
+  ``"role": "system"`` notes there ("The user hasn't heard from you in a while…" after every 5th
+  step without text, measured with Claude Code 2.1.332), after a step's results, so the request
+  still answers that step (:attr:`proxy.transcript.Transcript.newest_step`).
+
+Writes (:func:`apply`, byte edits: :func:`proxy.dialects.edits.replace_member` and
+:func:`proxy.dialects.edits.append_text`; only the edited spans change, so ``thinking`` blocks and
+their ``signature``, ``cache_control`` and every other byte stay as they came):
+
+- a withheld result's ``content`` becomes the denial text (blocks become that string; when one of
+  those blocks carries ``cache_control``, one ``text`` block with the denial and that
+  ``cache_control``, so the cache breakpoint stays where the agent put it); ``is_error`` and the
+  block's own members are left as they were;
+- a reminder after a result is a ``text`` block inserted right after the last ``tool_result``
+  block of that user message (results stay first; a text already there comes after it); with
+  ``tool_suffix`` delivery it is appended to the result's ``content`` (a string gets a blank line
+  and the text, blocks one more ``text`` block). A reminder on the user's own part is appended to
+  that message's content; after an assistant message, a new user message
+  ``{"role": "user", "content": [{"type": "text", "text": …}]}`` follows it (the API joins
+  consecutive user messages). Several reminders for one slot are merged as in
+  :func:`proxy.dialects.edits.apply`.
+
+Sources: https://docs.anthropic.com/en/api/messages (request shape, content blocks),
+https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching (``cache_control`` on blocks),
+https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking (thinking blocks are passed
+back unmodified).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.actions import Action, Remind, Withhold
+from proxy.canonical import parse_arguments
+from proxy.dialects import edits, jsonbody
+from proxy.errors import DialectError
+from proxy.transcript import Said, ToolResult, Transcript, build
+
+#: Ends the request path: ``/v1/messages`` (behind any prefix), not ``/v1/messages/count_tokens``
+#: nor an OpenAI Assistants ``/v1/threads/{id}/messages``.
+PATH_SUFFIX = "/v1/messages"
+#: User-message blocks that are the user's own input (they make the message a turn start).
+USER_BLOCKS = frozenset(("text", "image", "document"))
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One transcript position: ``message`` (index into ``messages``), ``block`` (index of the
+    ``tool_result`` block in its ``content``, None for the message itself or the user's own
+    part) and ``kind`` (``result``, ``user``, ``assistant`` or ``other``)."""
+
+    message: int
+    block: int | None
+    kind: str
+
+
+def _blocks(content: Any) -> list[Any] | None:
+    return content if isinstance(content, list) else None
+
+
+def _is_result(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_result"
+
+
+def slots(messages: list[Any]) -> list[Slot]:
+    """The transcript positions of ``messages`` (module docstring), in order. Raises
+    :class:`DialectError` when a message is not an object."""
+    out: list[Slot] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise DialectError(f"message {i} is not an object")
+        role = msg.get("role")
+        if role == "assistant":
+            out.append(Slot(i, None, "assistant"))
+            continue
+        if role != "user":
+            out.append(Slot(i, None, "other"))
+            continue
+        blocks = _blocks(msg.get("content"))
+        if blocks is None:
+            out.append(Slot(i, None, "user"))
+            continue
+        results = [j for j, b in enumerate(blocks) if _is_result(b)]
+        out += [Slot(i, j, "result") for j in results]
+        own = any(isinstance(b, dict) and b.get("type") in USER_BLOCKS for b in blocks)
+        if own or not results:
+            out.append(Slot(i, None, "user"))
+    return out
+
+
+def content_text(content: Any) -> str:
+    """Text of a ``content`` value: a string as is, the ``text`` of each ``text`` block joined by
+    newlines, ``""`` otherwise."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        b["text"]
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
+
+
+def parse_request(body: Any) -> Transcript:
+    """Build the transcript of a decoded Messages request body (positions: :func:`slots`).
+
+    Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
+    message is not an object.
+    """
+    if not isinstance(body, dict):
+        raise DialectError("body is not a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise DialectError("messages is not a list")
+
+    calls: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    users: list[int] = []
+    texts: list[int] = []
+    said: list[Said] = []
+    pending: dict[str | None, deque[int]] = defaultdict(deque)
+    turn = 0
+    last_kind = ""
+
+    layout = slots(messages)
+    for pos, slot in enumerate(layout):
+        msg = messages[slot.message]
+        content = msg.get("content")
+        if slot.kind == "assistant":
+            text = content_text(content)
+            if text.strip():
+                texts.append(pos)
+            uses = [b for b in _blocks(content) or () if isinstance(b, dict) and b.get("type") == "tool_use"]
+            said.append(Said(pos, "assistant", text, bool(uses)))
+            if not uses:
+                last_kind = "assistant"
+                continue
+            step = {"index": len(steps), "position": pos, "calls": [], "end": None}
+            steps.append(step)
+            for use in uses:
+                cid = use.get("id")
+                cid = cid if isinstance(cid, str) else None
+                name = use.get("name")
+                seq = len(calls)
+                calls.append(
+                    {
+                        "seq": seq,
+                        "step": step["index"],
+                        "turn": turn,
+                        "position": pos,
+                        "call_id": cid,
+                        "name": name if isinstance(name, str) else "",
+                        "arguments_raw": use.get("input"),
+                        "arguments": parse_arguments(use.get("input")),
+                        "result": None,
+                    }
+                )
+                step["calls"].append(seq)
+                pending[cid].append(seq)
+            last_kind = "step"
+        elif slot.kind == "result":
+            assert slot.block is not None
+            block = content[slot.block]
+            cid = block.get("tool_use_id")
+            cid = cid if isinstance(cid, str) else None
+            queue = pending.get(cid)
+            seq = None
+            if queue:
+                seq = queue.popleft()
+            elif steps and cid is None:  # no id: the oldest waiting call of the latest step
+                for s in steps[-1]["calls"]:
+                    if calls[s]["result"] is None:
+                        seq = s
+                        pending[calls[s]["call_id"]].remove(s)
+                        break
+            if seq is not None:
+                flag = True if block.get("is_error") is True else None
+                calls[seq]["result"] = ToolResult(pos, content_text(block.get("content")), flag)
+                step = steps[calls[seq]["step"]]
+                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+            if last_kind != "step":
+                last_kind = "other"
+        elif slot.kind == "user":
+            turn += 1
+            users.append(pos)
+            said.append(Said(pos, "user", content_text(content)))
+            last_kind = "user"
+        # any other role (Claude Code's "system" notes) is read as nothing: the end stays as it was
+
+    return build(calls, steps, users, texts, len(layout), last_kind == "step", said)
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _denial(raw: bytes, fields: dict[str, tuple[int, int]], text: str) -> bytes | None:
+    """The denial as a one-block array keeping the ``cache_control`` of the result's content
+    blocks (the last one that has it), or None when none has one (the denial is a string)."""
+    span = fields.get("content")
+    if span is None or raw[span[0] : span[0] + 1] != b"[":
+        return None
+    cache: bytes | None = None
+    for bs, _ in jsonbody.items(raw, span[0]):
+        if raw[bs : bs + 1] == b"{":
+            cc = jsonbody.members(raw, bs).get("cache_control")
+            if cc is not None:
+                cache = raw[cc[0] : cc[1]]
+    if cache is None:
+        return None
+    return b"[" + jsonbody.dumps(_text_block(text))[:-1] + b',"cache_control":' + cache + b"}]"
+
+
+def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+    """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read; rules
+    in the module docstring). ``body``: ``raw`` decoded, when the caller has it. Returns the new
+    body, or None when no action applies (a position that is no slot, a withhold of anything but
+    a result, is ignored)."""
+    if body is None:
+        body = jsonbody.decode(raw)
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return None
+    layout = slots(messages)
+    withheld: dict[int, str] = {}
+    for a in actions:
+        if not isinstance(a, Withhold) or not 0 <= a.position < len(layout) or a.position in withheld:
+            continue
+        if layout[a.position].kind == "result":
+            withheld[a.position] = a.text
+    grouped: dict[int, list[Remind]] = {}
+    for a in actions:
+        if isinstance(a, Remind) and 0 <= a.after < len(layout):
+            grouped.setdefault(a.after, []).append(a)
+    if not withheld and not grouped:
+        return None
+
+    start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
+    if start is None or raw[start : start + 1] != b"[":
+        return None
+    spans = jsonbody.items(raw, start, messages)
+    if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
+        return None
+    message_fields: dict[int, dict[str, tuple[int, int]]] = {}
+    block_spans: dict[int, list[tuple[int, int]]] = {}
+
+    def fields_of(i: int) -> dict[str, tuple[int, int]]:
+        if i not in message_fields:
+            message_fields[i] = jsonbody.members(raw, spans[i][0], messages[i])
+        return message_fields[i]
+
+    def blocks_of(i: int) -> list[tuple[int, int]]:
+        if i not in block_spans:
+            vs = fields_of(i)["content"][0]
+            block_spans[i] = jsonbody.items(raw, vs, messages[i]["content"])
+        return block_spans[i]
+
+    def block_fields(slot: Slot) -> tuple[int, dict[str, tuple[int, int]]]:
+        assert slot.block is not None
+        bs = blocks_of(slot.message)[slot.block][0]
+        return bs, jsonbody.members(raw, bs, messages[slot.message]["content"][slot.block])
+
+    suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
+    out: list[edits.Edit] = []
+    for pos in sorted(withheld):
+        bs, fields = block_fields(layout[pos])
+        text = "\n\n".join(t for t in (withheld[pos], suffix.pop(pos, "")) if t)
+        kept = _denial(raw, fields, text)
+        if kept is not None:
+            vs, ve = fields["content"]
+            out.append((vs, ve, kept))
+        else:
+            out.append(edits.replace_member(fields, bs, "content", text))
+    for pos, group in sorted(grouped.items()):
+        slot = layout[pos]
+        if pos in withheld and pos not in suffix and group[0].delivery == "tool_suffix":
+            continue  # merged into the denial above
+        text = "\n\n".join(r.text for r in group)
+        if slot.kind == "result" and pos in suffix:
+            bs, fields = block_fields(slot)
+            out.append(edits.append_text(raw, fields, bs, "content", _text_block(text)))
+        elif slot.kind == "result":
+            results = [j for j, b in enumerate(messages[slot.message]["content"]) if _is_result(b)]
+            end = blocks_of(slot.message)[results[-1]][1]
+            out.append((end, end, b"," + jsonbody.dumps(_text_block(text))))
+        elif slot.kind == "user" or pos in suffix:
+            i = slot.message
+            out.append(edits.append_text(raw, fields_of(i), spans[i][0], "content", _text_block(text)))
+        else:
+            end = spans[slot.message][1]
+            reminder = {"role": "user", "content": [_text_block(text)]}
+            out.append((end, end, b"," + jsonbody.dumps(reminder)))
+    return jsonbody.splice(raw, out) if out else None

@@ -1,0 +1,110 @@
+"""Hot reload (issue 16): what a request decides with, and how a reload replaces it.
+
+A :class:`Runtime` is the config plus what is built from it (the guards, the memory glue for
+them). The server holds the current one in a :class:`Live`; each request takes the current one
+when it starts and keeps it to its end (``proxy.edge.server._rt``), so a request in flight
+finishes under the config it started with while later requests get the new one.
+
+:func:`reload` (``SIGHUP``, ``POST /loop-guard/reload``) re-reads the config through the
+``loader`` the CLI gave (the same file, environment and flags as at start). It changes nothing
+and raises :class:`proxy.errors.ConfigError` naming the key when the file is invalid, or when it
+changes a key only a restart can change (:data:`proxy.ops.config.RESTART_ONLY`: the listening
+socket, the upstream pool and its timeouts, the stores sized at start, the state backend, the
+incident log's file): rejecting such a file, rather than applying the rest, keeps the running
+config equal to one file that was read. What the process remembers (the state store, the
+Responses store, stats, incidents already recorded) outlives a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from proxy.errors import ConfigError
+from proxy.guards import Guard, build_guards
+from proxy.ops.config import Config, restart_keys
+from proxy.request.memory import Memory
+
+log = structlog.get_logger("loopguard")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What a request decides with: the config, the guards built from it, and the memory glue
+    for those guards (over the one state store of the process)."""
+
+    cfg: Config
+    guards: tuple[Guard, ...]
+    memory: Memory
+
+
+def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
+    """The :class:`Runtime` of ``cfg``; after ``previous`` (a reload), over its state store and
+    clock. Raises what :func:`proxy.guards.build_guards` raises (nothing for a checked config)."""
+    guards = build_guards(
+        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
+    )
+    if previous is None:
+        return Runtime(cfg, guards, Memory(guards))
+    return Runtime(cfg, guards, Memory(guards, previous.memory.store, previous.memory.clock))
+
+
+class Live:
+    """The current :class:`Runtime` (replaced by :func:`reload`) and how to re-read the config
+    (``loader``: None when the server was not started from a file the CLI can read again)."""
+
+    __slots__ = ("_lock", "_tasks", "current", "loader")
+
+    def __init__(self, current: Runtime, loader: Callable[[], Config] | None) -> None:
+        self.current = current
+        self.loader = loader
+        self._lock = asyncio.Lock()  # one reload at a time
+        self._tasks: set[asyncio.Task[str | None]] = set()
+
+    def on_signal(self) -> None:
+        """The SIGHUP handler: start :func:`reload_logged` (the loop's signal handlers are sync)."""
+        task = asyncio.ensure_future(reload_logged(self, "SIGHUP"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def reload(live: Live) -> Runtime:
+    """Re-read the config and make it current (requests in flight keep theirs). Raises
+    :class:`ConfigError` naming the key, and changes nothing, when the file is invalid, when it
+    changes a key only a restart can change (:func:`proxy.ops.config.restart_keys`; the first one
+    is the key, the message lists them all), or when there is no file to re-read (``<file>``).
+    Reading the file and building the guards (regular expressions) run in a worker thread: the
+    event loop goes on serving meanwhile."""
+    if live.loader is None:
+        raise ConfigError("<file>", "this server was not started from a config file it can re-read")
+    async with live._lock:
+        new = await asyncio.to_thread(live.loader)
+        changed = restart_keys(live.current.cfg, new)
+        if changed:
+            raise ConfigError(
+                changed[0],
+                f"cannot change without a restart (changed: {', '.join(changed)}); nothing reloaded",
+            )
+        runtime = await asyncio.to_thread(build_runtime, new, live.current)
+        live.current = runtime
+        return runtime
+
+
+async def reload_logged(live: Live, via: str) -> str | None:
+    """:func:`reload`, logged: ``config_reloaded`` (info, with the guards now on) or
+    ``config_reload_rejected`` (warning, with ``key`` and the message ``error``; any other
+    exception is a bug, logged as an error with its type). ``via``: ``SIGHUP`` or ``http``.
+    Returns the error message, None when reloaded."""
+    try:
+        runtime = await reload(live)
+    except ConfigError as exc:
+        log.warning("config_reload_rejected", via=via, key=exc.key, error=str(exc))
+        return str(exc)
+    except Exception as exc:  # a bug: the old config stays
+        log.error("config_reload_rejected", via=via, error=type(exc).__name__)
+        return f"reload failed ({type(exc).__name__})"
+    log.info("config_reloaded", via=via, guards=[type(g).__name__ for g in runtime.guards])
+    return None
