@@ -168,8 +168,7 @@ async def test_observe_mode_changes_no_byte_yet_logs_counts_and_records_what_enf
     assert (stats["reminders_injected"], stats["results_withheld"], stats["stops"]) == (0, 0, 0)
     total = sum(len(a) for a in observed)
     assert sum(stats["per_rule"].values()) == total
-    assert stats["per_mode"]["enforce"] == {}
-    assert sum(stats["per_mode"]["observe"].values()) == total
+    assert stats["observed_per_rule"] == stats["per_rule"]
     assert stats["observed"]["remind"] == sum(1 for r, k in flat if k == "remind")
     assert stats["observed"]["withhold"] == sum(1 for r, k in flat if k == "withhold")
     assert stats["observed"]["stop"] == sum(1 for r, k in flat if k == "stop")
@@ -193,7 +192,7 @@ async def test_one_guard_observed_the_others_enforced(upstream: FakeUpstream, ca
     assert {m for (r, _, m) in acts if r == "repeat_reminder"} == {"observe"}
     assert {m for (r, _, m) in acts if r != "repeat_reminder"} == {"enforce"}
     assert ("circuit_breaker", "withhold", "enforce") in acts
-    assert run["stats"]["per_mode"]["observe"] == {"repeat_reminder": 3}
+    assert run["stats"]["observed_per_rule"] == {"repeat_reminder": 3}
     bodies = [r.json() for r in upstream.requests]
     texts = [str(m.get("content")) for b in bodies for m in b["messages"]]
     assert not any("called read_file" in t and "in a row" in t for t in texts if t.startswith("[loopguard]"))

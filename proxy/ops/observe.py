@@ -134,7 +134,8 @@ class Stats:
     newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first.
 
     Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
-    enforce mode would count); ``per_action`` is keyed ``(rule, kind, mode)``;
+    enforce mode would count), ``observed_per_rule`` the observed ones (flat mappings, so that
+    replicas' counters add up key by key); ``per_action`` is keyed ``(rule, kind, mode)``;
     ``reminders_injected``, ``results_withheld``, ``stops``, ``responses_cut`` and
     ``withhold_kinds`` count applied actions only, and ``observed`` the observed ones per kind
     (``remind``, ``withhold``, ``stop``, ``cut``)."""
@@ -210,12 +211,7 @@ class Stats:
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
-            "per_mode": {
-                mode: dict(
-                    sorted(Counter({r: n for (r, _, m), n in self.per_action.items() if m == mode}).items())
-                )
-                for mode in ("enforce", "observe")
-            },
+            "observed_per_rule": self._per_rule("observe"),
             "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut")},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
