@@ -20,10 +20,17 @@
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
+
+``observed`` is True for an action of a rule in observe mode (issue 16,
+:meth:`proxy.ops.config.Config.observed_rules`): decided, logged, counted and recorded like any
+other, but not applied (:func:`mark_observed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -41,6 +48,7 @@ class Remind:
     fresh: bool
     delivery: Delivery = "user"
     call: int | None = None
+    observed: bool = False
     kind: ClassVar[str] = "remind"
 
 
@@ -58,6 +66,7 @@ class Withhold:
     #: the result is the ``part``-th ``<tool_response>`` block of that (user) message, a text
     #: call's result (:mod:`proxy.dialects.text_calls`); None: the whole message content
     part: int | None = None
+    observed: bool = False
     kind: ClassVar[str] = "withhold"
 
 
@@ -70,6 +79,7 @@ class Stop:
     limit: int | None
     fresh: bool = True
     reason: str = ""
+    observed: bool = False
     kind: ClassVar[str] = "stop"
 
 
@@ -85,6 +95,7 @@ class Repair:
     reason: str = ""
     limit: int | None = None
     fresh: bool = True
+    observed: bool = False
     kind: ClassVar[str] = "repair"
 
 
@@ -97,7 +108,21 @@ class Cut:
     reason: str = ""
     applied: bool = True
     fresh: bool = True
+    observed: bool = False
     kind: ClassVar[str] = "cut"
 
 
 Action = Remind | Withhold | Stop | Cut | Repair
+
+
+def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tuple[Action, ...]:
+    """``actions`` with ``observed=True`` on each whose ``rule`` is in ``observed`` (the rules in
+    observe mode), in the same order; the others unchanged (the same objects)."""
+    if not observed:
+        return tuple(actions)
+    return tuple(dataclasses.replace(a, observed=True) if a.rule in observed else a for a in actions)
+
+
+def applied(actions: Iterable[Action]) -> tuple[Action, ...]:
+    """The actions that are applied: those not ``observed``."""
+    return tuple(a for a in actions if not a.observed)

@@ -59,6 +59,7 @@ import yaml
 from aiohttp import web
 
 from proxy.edge.server import start
+from proxy.ops import replay as replay_files
 from proxy.ops.config import Config, ListenConfig, build
 from proxy.ops.observe import configure_logging
 from tests import messages_blocks, responses_items, text_form
@@ -81,16 +82,12 @@ def fixture_dir() -> Path:
 
 
 def load_fixtures(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id."""
-    d = directory or fixture_dir()
-    out = [orjson.loads(p.read_bytes()) for p in sorted(d.glob("*.json"))]
-    return sorted(out, key=lambda f: _id_key(str(f.get("id", ""))))
+    """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id
+    (:func:`proxy.ops.replay.load_fixtures`, the loader ``loopguard replay`` uses)."""
+    return replay_files.load_fixtures(directory or fixture_dir())
 
 
-def _id_key(fid: str) -> tuple[str, int, str]:
-    head = fid.rstrip("0123456789")
-    tail = fid[len(head) :]
-    return head, int(tail) if tail else -1, fid
+_id_key = replay_files.id_key
 
 
 def default_config() -> dict[str, Any]:

@@ -95,7 +95,9 @@ async def test_sdk_receives_a_structured_call(upstream: FakeUpstream, sdk: Any, 
     assert stats["per_rule"] == {"repair_text_tool_calls": 1}
     async with aiohttp.ClientSession() as s, s.get(f"{client.base}/loop-guard/metrics") as r:  # type: ignore[attr-defined]
         metrics = await r.text()
-    assert 'loopguard_actions_total{kind="repair",rule="repair_text_tool_calls"} 1.0' in metrics
+    assert (
+        'loopguard_actions_total{kind="repair",mode="enforce",rule="repair_text_tool_calls"} 1.0' in metrics
+    )
     assert "loopguard_text_calls_repaired_total 1.0" in metrics
 
 
@@ -117,6 +119,32 @@ async def test_with_repair_off_the_sdk_receives_the_text(
     client = await sdk({"response": {"repair_text_tool_calls": False}})
     got = await ask(client, [{"role": "user", "content": "Read app.py"}], stream)
     assert got == {"content": XML, "calls": [], "finish": "stop"}
+
+
+@pytest.mark.parametrize(
+    "config", [{"mode": "observe"}, {"response": {"mode": "observe"}}], ids=["all", "response"]
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_in_observe_mode_the_repair_is_counted_and_not_applied(
+    upstream: FakeUpstream, sdk: Any, stream: bool, config: dict[str, Any]
+) -> None:
+    """Issue 16 on issue 13: ``response.mode: observe`` covers the repair: the agent gets the
+    text as the model wrote it, and the repair it would have made is logged and counted as
+    observed."""
+    upstream.handler = text_model
+    client = await sdk(config)
+    got = await ask(client, [{"role": "user", "content": "Read app.py"}], stream)
+    assert got == {"content": XML, "calls": [], "finish": "stop"}
+    async with aiohttp.ClientSession() as s, s.get(f"{client.base}/loop-guard") as r:  # type: ignore[attr-defined]
+        stats = await r.json()
+    assert stats["observed_per_rule"] == {"repair_text_tool_calls": 1}
+    assert stats["observed"] == {"remind": 0, "withhold": 0, "stop": 0, "cut": 0, "repair": 1}
+    assert stats["responses_repaired"] == 0  # applied repairs only
+    async with aiohttp.ClientSession() as s, s.get(f"{client.base}/loop-guard/metrics") as r:  # type: ignore[attr-defined]
+        metrics = await r.text()
+    assert (
+        'loopguard_actions_total{kind="repair",mode="observe",rule="repair_text_tool_calls"} 1.0' in metrics
+    )
 
 
 #: (what the model writes before the call, calls the agent ran before the stop, the stop's words,

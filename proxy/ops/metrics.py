@@ -5,7 +5,8 @@ double bookkeeping); only the added-latency histogram is observed per request. E
 registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
-``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
+``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind,mode}`` (fresh
+actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, issue 16),
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
@@ -51,10 +52,12 @@ class _StatsCollector(Collector):
         for name, doc in _COUNTERS:
             yield CounterMetricFamily(f"loopguard_{name}", doc, value=getattr(self._stats, name))
         actions = CounterMetricFamily(
-            "loopguard_actions", "Fresh actions by rule and kind.", labels=["rule", "kind"]
+            "loopguard_actions",
+            "Fresh actions by rule, kind and mode (enforce: applied; observe: decided, not applied).",
+            labels=["rule", "kind", "mode"],
         )
-        for (rule, kind), n in sorted(self._stats.per_action.items()):
-            actions.add_metric([rule, kind], n)
+        for (rule, kind, mode), n in sorted(self._stats.per_action.items()):
+            actions.add_metric([rule, kind, mode], n)
         yield actions
         unguarded = CounterMetricFamily(
             "loopguard_unguarded_requests",

@@ -415,3 +415,83 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
         if isinstance(content, str) and any(p.search(content[-_TAIL:]) for p in patterns):
             out.append(Stop(text=content, rule=STOP_RULE, tool="", count=0, limit=None, fresh=False))
     return out
+
+
+def cuts_enabled(cfg: Config) -> bool:
+    """The runaway or degenerate-text checks, or the repair of text tool calls, are on
+    (``response.*``: what ``response.mode`` covers)."""
+    r = cfg.response
+    return bool(
+        r.max_calls_per_response
+        or r.max_identical_per_response
+        or r.degenerate_text.enabled
+        or r.repair_text_tool_calls
+    )
+
+
+def without_cuts(cfg: Config) -> Config:
+    """``cfg`` with the runaway and degenerate-text checks and the repair off (the part
+    ``response.mode`` covers)."""
+    r = cfg.response
+    off = dataclasses.replace(
+        r,
+        max_calls_per_response=0,
+        max_identical_per_response=0,
+        degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
+        repair_text_tool_calls=False,
+    )
+    return dataclasses.replace(cfg, response=off)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deciders:
+    """The response side of one request split by mode (issue 16): what is enforced
+    (``cfg``, ``judge``: applied to the agent's answer) and what is observed (``shadow_cfg``,
+    ``shadow_judge``: decided on the same answer, applied never). Without observed rules the
+    shadow has nothing on and ``judge`` is the usual one."""
+
+    cfg: Config
+    judge: StopJudge | None
+    shadow_cfg: Config
+    shadow_judge: StopJudge | None
+
+    @property
+    def enforcing(self) -> bool:
+        return self.judge is not None or cuts_enabled(self.cfg)
+
+    @property
+    def observing(self) -> bool:
+        return self.shadow_judge is not None or cuts_enabled(self.shadow_cfg)
+
+
+def deciders(
+    transcript: Transcript | None,
+    request_actions: Sequence[Action],
+    guards: Sequence[Guard],
+    ctx: Context,
+    cfg: Config,
+) -> Deciders:
+    """Split the response side by ``cfg.observed_rules()``: the cuts go to the enforced part
+    unless ``response.mode`` is observe; an enforced stop judge reads only the applied request
+    actions and asks only the enforced guards (so the stop text it writes is true), while an
+    observed one (``stop.mode: observe``, or any guard observed: the stop enforcing it would
+    make) reads all of them and asks every guard. ``transcript`` None: no judge at all."""
+    observed = cfg.observed_rules()
+    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
+    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
+    judge = shadow = None
+    if transcript is not None and StopJudge.enabled(cfg):
+        if "stop" not in observed:
+            enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
+            kept = tuple(a for a in request_actions if not a.observed)
+            judge = StopJudge(transcript, kept, enforced, ctx, cfg)
+        if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
+            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg)
+    return Deciders(enforce_cfg, judge, shadow_cfg, shadow)
+
+
+def observed_actions(applied: Sequence[Action], shadow: Sequence[Action]) -> list[Action]:
+    """The shadow's actions to report, marked observed: a shadow stop only when no stop was
+    applied (one answer is stopped once)."""
+    stopped = any(isinstance(a, Stop) for a in applied)
+    return [dataclasses.replace(a, observed=True) for a in shadow if not (stopped and isinstance(a, Stop))]
