@@ -100,6 +100,9 @@ class Transcript:
     #: the tools the request offered, name -> parameters JSON schema (None: it offered none), for
     #: reading calls written as text (:mod:`proxy.dialects.text_calls`)
     tools: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: the request's ``tool_choice`` as sent (None: absent), for the repair of calls written as
+    #: text in the answer (:mod:`proxy.response.repair`)
+    tool_choice: Any = field(default=None, compare=False, hash=False)
 
     def is_fresh(self, step: int) -> bool:
         """True when actions on ``step`` are new decisions rather than re-derived ones."""
@@ -115,6 +118,7 @@ def build(
     ends_with_step: bool,
     said: list[Said],
     tools: Mapping[str, Any] | None = None,
+    tool_choice: Any = None,
 ) -> Transcript:
     """A :class:`Transcript` from a dialect's parse state: ``calls`` as :class:`ToolCall` fields,
     ``steps`` as dicts with ``index``, ``position``, ``calls`` (seqs) and ``end``. The newest step is
@@ -129,4 +133,5 @@ def build(
         newest_step=newest,
         said=tuple(said),
         tools=tools,
+        tool_choice=tool_choice,
     )

@@ -19,7 +19,7 @@ from proxy.guards import build_guards
 from proxy.ops.config import Config, build, load_config
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json
-from proxy.response.repair import Repairer
+from proxy.response.repair import Repairer, allowed_tools, for_request
 from proxy.response.stream_guard import StreamGuard
 from tests.quirks import BASE, chunk, stream
 
@@ -176,6 +176,20 @@ PARSE: list[tuple[str, str, Any, list[tuple[str, dict[str, Any]]] | None, str]] 
     ("prose that mentions the tag", "Models write <tool_call> blocks when they call tools.", TOOLS, None, ""),
     ("prose mentioning a tag before a real block", "Use <function=NAME> here:\n" + HERMES, TOOLS, None, ""),
     ("no markup", "Just text.", TOOLS, None, ""),
+    (
+        "anyOf types (pydantic's Optional[int])",
+        "<function=read>\n<parameter=limit>\n40\n</parameter>\n</function>",
+        {"read": {"properties": {"limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}},
+        [("read", {"limit": 40})],
+        "",
+    ),
+    (
+        "CRLF around a value",
+        "<function=read>\r\n<parameter=path>\r\na.py\r\n</parameter>\r\n</function>",
+        TOOLS,
+        A_PY,
+        "",
+    ),
 ]
 
 
@@ -984,3 +998,48 @@ def test_sse_a_block_that_does_not_parse_stops_the_reading_as_it_streams_not_the
     out = guard.feed(raw).data + guard.finish()
     assert [ch.watch_runaway for ch in guard._choices.values()] == [False]
     assert out == raw and guard.actions == []
+
+
+# --- what the request asked for: tool_choice, and answers cut short --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "want"),
+    [
+        (None, ["grep", "read"]),
+        ("auto", ["grep", "read"]),
+        ("required", ["grep", "read"]),
+        ("none", None),
+        ({"type": "function", "function": {"name": "grep"}}, ["grep"]),
+        ({"type": "function", "name": "grep"}, ["grep"]),  # the Responses API's flat form
+        ({"type": "function", "function": {"name": "write"}}, None),  # not offered
+    ],
+    ids=["absent", "auto", "required", "none", "forced", "forced flat", "forced unknown"],
+)
+def test_tool_choice_limits_what_is_repaired(tool_choice: Any, want: list[str] | None) -> None:
+    got = allowed_tools(TOOLS, tool_choice)
+    assert (sorted(got) if got is not None else None) == want
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "repaired_to"),
+    [("auto", "read"), ("none", None), ({"type": "function", "function": {"name": "grep"}}, None)],
+    ids=["auto", "none: the agent asked for text", "forced another tool"],
+)
+def test_a_request_that_refused_the_tool_gets_the_text(tool_choice: Any, repaired_to: str | None) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": CHAT_TOOLS}
+    raw = orjson.dumps({**body, "tool_choice": tool_choice})
+    fix = for_request(CFG, openai_chat.parse_request(orjson.loads(raw)), raw)
+    new, actions = decide_json(completion(XML), None, CFG, fix)
+    assert [a.tool for a in actions] == ([repaired_to] if repaired_to else [])
+    assert (new is None) is (repaired_to is None)
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+def test_an_answer_cut_short_is_never_repaired(finish: str) -> None:
+    raw = completion(XML).replace(b'"finish_reason":"stop"', f'"finish_reason":"{finish}"'.encode())
+    assert decide_json(raw, None, CFG, REPAIR) == (None, [])
+    sse = content_stream("I'll read it.\n\n", XML, finish=finish)
+    for at, out, guard in splits(sse):
+        assert out == sse, at
+        assert guard.actions == [], at

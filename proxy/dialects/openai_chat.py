@@ -170,7 +170,9 @@ def parse_request(body: Any) -> Transcript:
         else:
             last_kind = "other"
 
-    return build(calls, steps, users, texts, len(messages), last_kind == "step", said, tools)
+    return build(
+        calls, steps, users, texts, len(messages), last_kind == "step", said, tools, body.get("tool_choice")
+    )
 
 
 def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:

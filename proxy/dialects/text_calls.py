@@ -13,9 +13,10 @@ parsers, SGLang's ``qwen25`` / ``qwen3_coder`` detectors and llama.cpp's chat pa
   says it ends, so a ``</tool_call>`` inside a string value does not end the block.
 - **xml** (Qwen3-Coder, Qwen3.5): ``<tool_call>\\n<function=read>\\n<parameter=path>\\na.py\\n
   </parameter>\\n</function>\\n</tool_call>``. A value is the raw text up to the next
-  ``</parameter>``, one leading and one trailing newline stripped. With the request's ``tools``,
-  a value is typed by the parameter's JSON-schema ``type`` (``integer``, ``number``, ``boolean``,
-  ``object``, ``array``, ``null``; a list of types is tried in order, ``string`` first wins); a
+  ``</parameter>``, one leading and one trailing newline (``\\n`` or ``\\r\\n``) stripped. With
+  the request's ``tools``, a value is typed by the parameter's JSON-schema ``type`` (``integer``,
+  ``number``, ``boolean``, ``object``, ``array``, ``null``; a list of types, or the types of the
+  ``anyOf`` / ``oneOf`` branches, is tried in order, ``string`` first wins); a
   value that does not convert stays the string (as vLLM does); untyped parameters stay strings.
   The bare ``<function=…>…</function>`` without ``<tool_call>`` is accepted, and so is a stray
   ``</tool_call>`` after a block.
@@ -131,12 +132,26 @@ def _schema_types(tools: Mapping[str, Any] | None, name: str, param: str) -> lis
     schema = tools.get(name)
     props = schema.get("properties") if isinstance(schema, dict) else None
     prop = props.get(param) if isinstance(props, dict) else None
-    kind = prop.get("type") if isinstance(prop, dict) else None
+    return _types_of(prop)
+
+
+def _types_of(schema: Any) -> list[str]:
+    """The types a JSON schema admits: its ``type`` (a name or a list), else those of each
+    ``anyOf`` / ``oneOf`` branch in order (pydantic writes ``Optional[int]`` as ``{"anyOf":
+    [{"type": "integer"}, {"type": "null"}]}``); empty when untyped."""
+    if not isinstance(schema, dict):
+        return []
+    kind = schema.get("type")
     if isinstance(kind, str):
         return [kind]
     if isinstance(kind, list):
         return [k for k in kind if isinstance(k, str)]
-    return []
+    out: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            out += [t for b in branches for t in _types_of(b) if t not in out]
+    return out
 
 
 _MISSING: Any = object()
@@ -220,8 +235,8 @@ def _function(text: str, i: int, tools: Mapping[str, Any] | None) -> tuple[str, 
         if not param or "<" in param or "\n" in param or param in args:
             return None
         value = text[pgt + 1 : close]
-        value = value[1:] if value.startswith("\n") else value
-        value = value[:-1] if value.endswith("\n") else value
+        value = value[2:] if value.startswith("\r\n") else value[1:] if value.startswith("\n") else value
+        value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
         args[param] = _convert(value, _schema_types(tools, name, param))
         k = close + len(_PARAM_CLOSE)
 

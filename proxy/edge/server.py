@@ -125,6 +125,15 @@ log = structlog.get_logger("loopguard")
 _error_body = connections.error_body
 
 
+def _error_json(request: web.Request | None, message: str, type_: str, code: int) -> bytes:
+    """The JSON body of an error loopguard answers itself: Anthropic's form (``{"type": "error",
+    "error": {"type", "message"}}``) on a guarded Messages path, which the anthropic SDK and Claude
+    Code read, else the OpenAI form (:func:`proxy.edge.connections.error_body`)."""
+    if request is not None and _guarded(request) == "messages":
+        return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
+    return _error_body(message, type_, code)
+
+
 #: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
 #: long ``Authorization`` tokens and cookies that upstreams accept into 400s (issue 14, item 3).
 HEADER_LIMIT = 64 * 1024
@@ -166,14 +175,18 @@ def _trace_config() -> aiohttp.TraceConfig:
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
 
 
-def _timeout_response(base: str, fields: dict[str, Any], st: Any) -> web.Response:
+def _timeout_response(
+    base: str, fields: dict[str, Any], st: Any, request: web.Request | None = None
+) -> web.Response:
     """504 for an upstream that stopped sending (before its headers, or in a JSON answer the
-    proxy was still buffering): an OpenAI-style error body (issue 14, item 1)."""
+    proxy was still buffering): an error body in the wire's form (:func:`_error_json`; issue 14,
+    item 1)."""
     st.upstream_errors += 1
     fields.update(status=504, upstream_error="UpstreamTimeout")
     return web.Response(
         status=504,
-        body=_error_body(
+        body=_error_json(
+            request,
             f"loopguard: upstream {forward.redact_url(base)} sent nothing for longer than "
             "upstream.read_timeout_s",
             "upstream_timeout",
@@ -438,8 +451,11 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         )
         return web.Response(
             status=413,
-            body=_error_body(
-                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)", "request_too_large", 413
+            body=_error_json(
+                request,
+                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
+                "request_too_large",
+                413,
             ),
             content_type="application/json",
         )
@@ -591,12 +607,13 @@ async def _forward(
             upstream = await send()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
-            return _timeout_response(base, fields, st)
+            return _timeout_response(base, fields, st, request)
         st.upstream_errors += 1
         fields.update(status=502, upstream_error=type(exc).__name__)
         return web.Response(
             status=502,
-            body=_error_body(
+            body=_error_json(
+                request,
                 f"loopguard: upstream {forward.redact_url(base)} unreachable ({type(exc).__name__})",
                 "upstream_unreachable",
                 502,
@@ -657,7 +674,9 @@ async def _forward(
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
             if isinstance(exc, READ_TIMEOUT) and not response.prepared:
-                return _timeout_response(base, fields, st)  # a buffered JSON answer: nothing sent yet
+                return _timeout_response(
+                    base, fields, st, request
+                )  # a buffered JSON answer: nothing sent yet
             if request.get(DELIVERED) or (side is not None and side.delivered):
                 return response  # the agent had the whole answer and hung up: not a failure
             if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:

@@ -53,7 +53,7 @@ from proxy.guards.monologue import Monologue
 from proxy.ops.config import Config, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
-from proxy.response.repair import Repairer
+from proxy.response.repair import CUT_SHORT, Repairer
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"
@@ -339,7 +339,7 @@ def decide_json(
         if not isinstance(msg, dict):
             continue
         fixed = None
-        if repair is not None and not message_calls(msg):
+        if repair is not None and not message_calls(msg) and choice.get("finish_reason") not in CUT_SHORT:
             index = choice.get("index")
             fixed = repair.message(msg, index if isinstance(index, int) else n)
         if fixed is not None:

@@ -13,6 +13,11 @@ naming offered tools after its text, becomes what a server with the right parser
   empty (what OpenAI and vLLM send for an answer that only calls tools);
 - ``finish_reason``: ``"tool_calls"``.
 
+Never repaired: an answer whose ``finish_reason`` is ``"length"`` or ``"content_filter"`` (it was
+cut short: more calls or text may have followed, and relabelling it ``tool_calls`` would hide
+that), an answer to a request with ``tool_choice: "none"`` (the agent asked for text), and, when
+``tool_choice`` names one function, a call to any other tool.
+
 The repaired calls then go through the same decisions as structured ones (runaway, stop judge).
 Streams: :class:`proxy.response.stream_guard.StreamGuard` holds content from a possible opening
 tag on and rewrites or releases it at the choice's finish. ``reasoning_content`` is never read.
@@ -37,6 +42,8 @@ from proxy.response.assemble import AssembledCall
 from proxy.transcript import Transcript
 
 RULE = "repair_text_tool_calls"
+#: Upstream ``finish_reason`` values of an answer that was cut short: never repaired.
+CUT_SHORT = frozenset(("length", "content_filter"))
 
 
 class Repairer:
@@ -99,8 +106,25 @@ class Repairer:
         return self.action(found)
 
 
+def allowed_tools(tools: Mapping[str, Any], tool_choice: Any) -> Mapping[str, Any] | None:
+    """The tools an answer's text calls may name under the request's ``tool_choice``: all of
+    ``tools`` (absent, ``"auto"``, ``"required"``, anything unknown), none for ``"none"``, only
+    the named one for ``{"type": "function", "function": {"name": …}}`` (or the Responses API's
+    flat ``{"type": "function", "name": …}``). None: nothing to repair."""
+    if tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else tool_choice.get("name")
+        if isinstance(name, str):
+            return {name: tools[name]} if name in tools else None
+    return tools
+
+
 def for_request(cfg: Config, transcript: Transcript | None, body: bytes) -> Repairer | None:
-    """The repair for a chat request: None when it is off or the request offered no tools."""
+    """The repair for a chat request: None when it is off, the request offered no tools, or its
+    ``tool_choice`` allows none (:func:`allowed_tools`)."""
     if not cfg.response.repair_text_tool_calls or transcript is None or not transcript.tools:
         return None
-    return Repairer(transcript.tools, body)
+    tools = allowed_tools(transcript.tools, transcript.tool_choice)
+    return Repairer(tools, body) if tools else None

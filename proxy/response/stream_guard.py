@@ -53,7 +53,7 @@ from proxy.response.decide import (
     REASONING_FIELDS,
     StopJudge,
 )
-from proxy.response.repair import Repairer
+from proxy.response.repair import CUT_SHORT, Repairer
 from proxy.response.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
@@ -87,6 +87,7 @@ class _Choice:
     answer: AnswerState  # the choice's text and the decisions on it (proxy.response.answer)
     calls: CallAssembler = field(default_factory=CallAssembler)
     finished: bool = False
+    upstream_finish: str | None = None  # the finish_reason the upstream sent
     pending: bool = False  # call deltas held, no decision yet
     # the decision
     drop_calls: bool = False
@@ -330,6 +331,7 @@ class StreamGuard(FramedGuard):
                 self.complete = True
                 finished.add(ci)
                 ch.finished = True
+                ch.upstream_finish = part["finish_reason"]
                 if not ch.pending and ch.answer.text_seen and getattr(self._judge, "on_text_only", False):
                     calls.add(ci)  # hold this finish: the judge may stop a text-only answer (monologue)
                     ch.pending = True
@@ -409,7 +411,12 @@ class StreamGuard(FramedGuard):
         if not ch.pending:
             return
         ch.pending = False
-        if ch.text_hold and not ch.calls.calls and self._repaired(ci, ch, cut):
+        if (
+            ch.text_hold
+            and not ch.calls.calls
+            and ch.upstream_finish not in CUT_SHORT  # cut short: never repaired
+            and self._repaired(ci, ch, cut)
+        ):
             return
         kept, cut, stop = ch.answer.decide(ch.calls.calls, cut)
         if cut is not None:
