@@ -217,6 +217,23 @@ def test_drifting_arguments_reminded_at_3_and_5_withheld_at_6() -> None:
     )
 
 
+def test_calls_that_differ_only_in_a_description_get_one_kind_of_reminder() -> None:
+    """Claude Code's Bash calls carry a ``description`` that may change every time: to
+    repeat_reminder (which ignores it) they are one call; same_target compares them the same way,
+    so the model never reads "the same call" and "different arguments each time" together."""
+    h = History().steps(
+        [
+            ("bash", {"command": "cat notes.txt", "description": f"Read the notes ({i})"}, "n")
+            for i in range(6)
+        ]
+    )
+    assert described(h) == [
+        (3, "remind", "repeat_reminder"),
+        (5, "remind", "repeat_reminder"),
+        (6, "withhold", "escalation"),
+    ]
+
+
 def test_drifting_repeat_after_the_withhold_ends_the_turn() -> None:
     h = History().steps([("read_file", drift(i), CONFIG) for i in range(6)])
     answer = AssembledCall("c7", "read_file", orjson.dumps(drift(6)).decode())

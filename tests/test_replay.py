@@ -251,7 +251,7 @@ def test_replay_output_formats_agree() -> None:
 
 
 LOOPS_TOTALS = {
-    "circuit_breaker": {"withhold": 73},
+    "circuit_breaker": {"withhold": 72},
     "cycles": {"remind": 2, "withhold": 24},
     "echo_loop": {"remind": 1},
     "escalation": {"withhold": 55},
@@ -259,7 +259,6 @@ LOOPS_TOTALS = {
     "repeat_reminder": {"remind": 17},
     "repeated_failure": {"remind": 5},
     "runaway": {"cut": 2},
-    "same_target": {"remind": 3},
     "stop": {"stop": 49},
 }
 

@@ -93,7 +93,10 @@ def build_guards(
         ),
         (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
         (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, situations)),
-        (cfg.same_target.enabled, lambda: SameTarget(cfg.same_target, inject, targets, situations)),
+        (
+            cfg.same_target.enabled,
+            lambda: SameTarget(cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args),
+        ),
         # issue 10: last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
