@@ -826,10 +826,31 @@ async def _incident_log(app: web.Application) -> AsyncIterator[None]:
 async def _capture_log(app: web.Application) -> AsyncIterator[None]:
     path = app[CONFIG_KEY].capture.path
     if path:
-        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture)
+        loop = asyncio.get_running_loop()
+
+        def failed(exc: BaseException | None) -> None:  # on the writer thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_capture_failed, app, exc)
+
+        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture, failed)
     yield
     if CAPTURE_KEY in app:
         await asyncio.to_thread(app[CAPTURE_KEY].close)
+
+
+def _capture_failed(app: web.Application, exc: BaseException | None) -> None:
+    """A capture line could not be written: counted (``capture_write_errors``); the first one
+    is logged as a warning with the path and the error (never the line)."""
+    stats = app[STATS_KEY]
+    stats.capture_write_errors += 1
+    if stats.capture_write_errors == 1:
+        log.warning(
+            "capture_write_error",
+            path=app[CONFIG_KEY].capture.path,
+            error=type(exc).__name__ if exc is not None else None,
+            detail=getattr(exc, "strerror", None),
+            note="later failures are only counted (capture_write_errors)",
+        )
 
 
 async def _shared_state(app: web.Application) -> AsyncIterator[None]:
@@ -944,6 +965,7 @@ async def serve_forever(
         config=source or "(defaults)",
         guards=cfg.modes(),
         capture=cfg.capture.path or None,
+        state=forward.redact_url(cfg.state.backend),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
