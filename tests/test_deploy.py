@@ -131,6 +131,12 @@ def test_every_metric_the_dashboard_queries_is_exported() -> None:
         "loopguard_unguarded_requests_total",
     }
     assert named - exported_samples() == set()
+    # the actions panel keeps mode apart: an observed action is not an applied one
+    (actions,) = [p for p in dashboard["panels"] if p["title"] == "Actions by rule and kind"]
+    assert [t["expr"] for t in actions["targets"]] == [
+        "sum by (rule, kind, mode) (rate(loopguard_actions_total[$__rate_interval]))"
+    ]
+    assert actions["targets"][0]["legendFormat"] == "{{rule}} {{kind}} {{mode}}"
     # the panels' datasource is the provisioned one
     datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
     (source,) = datasources["datasources"]
