@@ -3,7 +3,8 @@
 What it reads (:func:`load`): capture files (``capture.path``, JSON lines, :mod:`proxy.ops.capture`;
 rotated backups ``path.N`` included, oldest first), and fixture files (one JSON object with
 ``messages``: the format of ``tests/fixtures/loops`` and of the recorded runs kept outside the
-repository, ``shared/fixtures/realtraj``; see their READMEs), or directories of them (``*.json`` fixtures, ``*.jsonl`` and ``*.jsonl.N`` captures).
+repository, ``shared/fixtures/realtraj``; see their READMEs), or directories of them (``*.json``
+fixtures, ``*.jsonl`` and ``*.jsonl.N`` captures).
 
 How (:func:`replay`): each conversation is a list of :class:`Exchange` — a request (the history
 the agent sent) and the upstream's answer. A capture line is one exchange as it happened; a
