@@ -957,6 +957,15 @@ async def serve_forever(
     defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
     exit 2)."""
     runner, port = await start(cfg, loader)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
+            loop.add_signal_handler(sig, stop.set)
+    app = runner.app
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, app[LIVE_KEY].on_signal)
+    # after the handlers: a SIGHUP sent once this line is seen reloads instead of killing
     log.info(
         "listening",
         host=cfg.listen.host,
@@ -967,14 +976,6 @@ async def serve_forever(
         capture=cfg.capture.path or None,
         state=forward.redact_url(cfg.state.backend),
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
-            loop.add_signal_handler(sig, stop.set)
-    app = runner.app
-    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
-        loop.add_signal_handler(signal.SIGHUP, app[LIVE_KEY].on_signal)
     try:
         await stop.wait()
         log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
