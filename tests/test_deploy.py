@@ -38,12 +38,19 @@ def mounted_config() -> tuple[Path, str]:
         source, dest, *_ = volume.split(":")
         if dest == target:
             return (DEPLOY / source).resolve(), target
+        if target.startswith(dest.rstrip("/") + "/"):  # the file's directory is mounted
+            return (DEPLOY / source / target[len(dest.rstrip("/")) + 1 :]).resolve(), target
     raise AssertionError(f"nothing mounted at {target}")
 
 
 def test_check_config_accepts_the_config_the_compose_file_mounts() -> None:
-    path, _ = mounted_config()
-    assert path == DEPLOY / "loopguard.yaml"
+    path, target = mounted_config()
+    assert path == DEPLOY / "config" / "loopguard.yaml"
+    # the directory is mounted, not the file: an editor's save-by-rename would leave a file
+    # bind mount on the old file, and SIGHUP would re-read that
+    volumes = compose()["services"]["loopguard"]["volumes"]
+    assert "./config:/etc/loopguard:ro" in volumes
+    assert target == "/etc/loopguard/loopguard.yaml"
     run = subprocess.run(
         [sys.executable, "-m", "proxy", "check-config", str(path)],
         cwd=ROOT,
@@ -70,7 +77,7 @@ def test_the_image_listens_on_all_interfaces_only_through_its_config_file() -> N
     config = orjson.loads(cmd.group(1))
     _, target = mounted_config()
     assert config == ["--config", target]
-    assert f"COPY deploy/loopguard.yaml {target}" in dockerfile
+    assert f"COPY deploy/config/loopguard.yaml {target}" in dockerfile
     assert Config().listen.host == "127.0.0.1"  # the default everywhere else
 
 
@@ -79,7 +86,7 @@ def test_the_llama_server_runs_with_its_chat_template_on_a_model_volume() -> Non
     assert llama["image"] == "ghcr.io/ggml-org/llama.cpp:server"
     assert "--jinja" in llama["command"]
     assert "./models:/models:ro" in llama["volumes"]
-    assert load_config(DEPLOY / "loopguard.yaml").upstream.url.startswith("http://llama:8080/")
+    assert load_config(DEPLOY / "config" / "loopguard.yaml").upstream.url.startswith("http://llama:8080/")
 
 
 def test_prometheus_scrapes_the_metrics_route() -> None:
@@ -124,6 +131,12 @@ def test_every_metric_the_dashboard_queries_is_exported() -> None:
         "loopguard_unguarded_requests_total",
     }
     assert named - exported_samples() == set()
+    # the actions panel keeps mode apart: an observed action is not an applied one
+    (actions,) = [p for p in dashboard["panels"] if p["title"] == "Actions by rule and kind"]
+    assert [t["expr"] for t in actions["targets"]] == [
+        "sum by (rule, kind, mode) (rate(loopguard_actions_total[$__rate_interval]))"
+    ]
+    assert actions["targets"][0]["legendFormat"] == "{{rule}} {{kind}} {{mode}}"
     # the panels' datasource is the provisioned one
     datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
     (source,) = datasources["datasources"]

@@ -94,7 +94,8 @@ async def reload(live: Live) -> Runtime:
 
 
 async def reload_logged(live: Live, via: str) -> str | None:
-    """:func:`reload`, logged: ``config_reloaded`` (info, with the guards now on) or
+    """:func:`reload`, logged: ``config_reloaded`` (info, with the guards now on and their modes,
+    :meth:`proxy.ops.config.Config.modes`, as the ``listening`` line) or
     ``config_reload_rejected`` (warning, with ``key`` and the message ``error``; any other
     exception is a bug, logged as an error with its type). ``via``: ``SIGHUP`` or ``http``.
     Returns the error message, None when reloaded."""
@@ -106,5 +107,5 @@ async def reload_logged(live: Live, via: str) -> str | None:
     except Exception as exc:  # a bug: the old config stays
         log.error("config_reload_rejected", via=via, error=type(exc).__name__)
         return f"reload failed ({type(exc).__name__})"
-    log.info("config_reloaded", via=via, guards=[type(g).__name__ for g in runtime.guards])
+    log.info("config_reloaded", via=via, guards=runtime.cfg.modes())
     return None

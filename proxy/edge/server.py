@@ -826,10 +826,31 @@ async def _incident_log(app: web.Application) -> AsyncIterator[None]:
 async def _capture_log(app: web.Application) -> AsyncIterator[None]:
     path = app[CONFIG_KEY].capture.path
     if path:
-        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture)
+        loop = asyncio.get_running_loop()
+
+        def failed(exc: BaseException | None) -> None:  # on the writer thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_capture_failed, app, exc)
+
+        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture, failed)
     yield
     if CAPTURE_KEY in app:
         await asyncio.to_thread(app[CAPTURE_KEY].close)
+
+
+def _capture_failed(app: web.Application, exc: BaseException | None) -> None:
+    """A capture line could not be written: counted (``capture_write_errors``); the first one
+    is logged as a warning with the path and the error (never the line)."""
+    stats = app[STATS_KEY]
+    stats.capture_write_errors += 1
+    if stats.capture_write_errors == 1:
+        log.warning(
+            "capture_write_error",
+            path=app[CONFIG_KEY].capture.path,
+            error=type(exc).__name__ if exc is not None else None,
+            detail=getattr(exc, "strerror", None),
+            note="later failures are only counted (capture_write_errors)",
+        )
 
 
 async def _shared_state(app: web.Application) -> AsyncIterator[None]:
@@ -936,15 +957,6 @@ async def serve_forever(
     defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
     exit 2)."""
     runner, port = await start(cfg, loader)
-    log.info(
-        "listening",
-        host=cfg.listen.host,
-        port=port,
-        upstream=forward.redact_url(cfg.upstream.url),
-        config=source or "(defaults)",
-        guards=cfg.modes(),
-        capture=cfg.capture.path or None,
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -953,6 +965,17 @@ async def serve_forever(
     app = runner.app
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGHUP, app[LIVE_KEY].on_signal)
+    # after the handlers: a SIGHUP sent once this line is seen reloads instead of killing
+    log.info(
+        "listening",
+        host=cfg.listen.host,
+        port=port,
+        upstream=forward.redact_url(cfg.upstream.url),
+        config=source or "(defaults)",
+        guards=cfg.modes(),
+        capture=cfg.capture.path or None,
+        state=forward.redact_url(cfg.state.backend),
+    )
     try:
         await stop.wait()
         log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))

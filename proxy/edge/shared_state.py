@@ -34,8 +34,10 @@ Fail open: every backend call is bounded by ``state.timeout_ms`` (connect includ
 exception (refused, timed out, a reply it cannot read) is caught: the request goes on with local
 state, ``state_backend_errors[op]`` (stats) and ``loopguard_state_backend_errors_total{op}``
 count it, and the first failure of each operation in an outage logs ``state_backend_error`` with
-what was lost (:data:`LOST`). After a failure Redis is not asked for ``state.retry_s`` seconds
-(those calls count too); the first success after logs ``state_backend_restored``.
+what was lost (:data:`LOST`) and ``error``, the exception's type. After a failure Redis is not
+asked for ``state.retry_s`` seconds (those calls count too, and log ``error``: the type of the
+failure that started the rest, with ``resting: true``); the first success after logs
+``state_backend_restored``.
 """
 
 from __future__ import annotations
@@ -248,6 +250,8 @@ class SharedState:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._down_until = 0.0
         self._failing: set[str] = set()
+        #: the error type of the failure that started the current rest (``retry_s``)
+        self._cause = ""
 
     @property
     def shared(self) -> bool:
@@ -257,30 +261,31 @@ class SharedState:
         """``await call()`` bounded by ``state.timeout_ms``; ``default`` when it fails (counted,
         the first failure of ``op`` in an outage logged) or while Redis rests (``retry_s``)."""
         if time.monotonic() < self._down_until:
-            self._lost(op, None)
+            self._lost(op, self._cause, resting=True)
             return default
         try:
             result = await asyncio.wait_for(call(), self.cfg.timeout_ms / 1000)
         except Exception as exc:
             self._down_until = time.monotonic() + self.cfg.retry_s
-            self._lost(op, exc)
+            self._cause = type(exc).__name__
+            self._lost(op, self._cause)
             return default
         if self._failing:
             log.info("state_backend_restored", failed_ops=sorted(self._failing))
             self._failing.clear()
         return result
 
-    def _lost(self, op: str, exc: Exception | None) -> None:
+    def _lost(self, op: str, error: str, resting: bool = False) -> None:
+        """Count a lost ``op``; log the first of an outage with ``error`` (the exception type:
+        while resting, the one of the failure that started the rest) and, when the call was not
+        even made because Redis rests, ``resting: true``."""
         self.stats.backend_errors[op] += 1
         if op in self._failing:
             return
         self._failing.add(op)
+        fields: dict[str, Any] = {"resting": True} if resting else {}
         log.warning(
-            "state_backend_error",
-            op=op,
-            error=type(exc).__name__ if exc is not None else "Resting",
-            lost=LOST[op],
-            retry_s=self.cfg.retry_s,
+            "state_backend_error", op=op, error=error, lost=LOST[op], retry_s=self.cfg.retry_s, **fields
         )
 
     async def decide(

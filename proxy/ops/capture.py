@@ -34,16 +34,20 @@ with ``contents: true`` to tune the rules that read texts.
 
 Writing goes through :class:`logging.handlers.RotatingFileHandler` (``max_bytes``, ``backups``)
 behind a :class:`logging.handlers.QueueListener` thread, so the event loop never touches the disk;
-a failed write is counted (``write_errors``) and never reaches the request path.
+a failed write is counted (``write_errors``), handed to ``on_error`` (the server counts it as
+``capture_write_errors`` and logs the first one as a ``capture_write_error`` warning) and never
+reaches the request path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import logging.handlers
 import queue
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -186,25 +190,37 @@ class _Raw(logging.Formatter):
 
 
 class _Handler(logging.handlers.RotatingFileHandler):
-    def handleError(self, record: logging.LogRecord) -> None:
-        self.write_errors += 1
+    """The rotating file handler; a failed write (open, rotate, write) is counted and handed to
+    ``on_error`` instead of printed (on the writer thread)."""
 
     write_errors = 0
+    on_error: Callable[[BaseException | None], None] | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.write_errors += 1
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):  # the callback must never stop the writer
+                self.on_error(sys.exc_info()[1])
 
 
 class CaptureLog:
     """Writes capture lines to ``cfg.path`` with rotation, off the event loop. ``write(line)`` is
-    cheap and never raises; ``close()`` drains and stops the writer thread."""
+    cheap and never raises; ``close()`` drains and stops the writer thread. ``on_error(exc)`` is
+    called on the writer thread for each line that could not be written (``exc``: the OSError,
+    or None)."""
 
     __slots__ = ("_handler", "_listener", "_queue", "cfg")
 
-    def __init__(self, cfg: CaptureConfig) -> None:
+    def __init__(
+        self, cfg: CaptureConfig, on_error: Callable[[BaseException | None], None] | None = None
+    ) -> None:
         self.cfg = cfg
         self._queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         self._handler = _Handler(
             cfg.path, maxBytes=cfg.max_bytes, backupCount=cfg.backups, encoding="utf-8", delay=True
         )
         self._handler.terminator = ""
+        self._handler.on_error = on_error
         self._handler.setFormatter(_Raw())
         self._listener = logging.handlers.QueueListener(self._queue, self._handler)
         self._listener.start()

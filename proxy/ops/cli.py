@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import yaml
 
 import proxy
+from proxy.edge.forward import redact_url
 from proxy.errors import ConfigError
 from proxy.ops.config import (
     Config,
@@ -133,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         "check-config",
         help="validate a config file and print the effective config",
         description="Validate a config file: every error is listed (exit 2), else the effective "
-        "config is printed (admin_token redacted).",
+        "config is printed (admin_token redacted, or shown as off when empty; user info and query "
+        "values of upstream.url and state.backend redacted).",
     )
     c.add_argument("file")
     r = sub.add_parser(
@@ -161,6 +163,21 @@ def _parser() -> argparse.ArgumentParser:
 
 #: What ``check-config`` prints for a set ``admin_token``.
 REDACTED = "<redacted>"
+#: What it prints for ``admin_token: ""``, which turns the check off as null does.
+TOKEN_OFF = "<empty = off>"
+
+
+def shown_config(cfg: Config) -> dict[str, object]:
+    """``cfg`` as plain data with no credential in it (``check-config``): ``admin_token`` as
+    :data:`REDACTED` when set, :data:`TOKEN_OFF` when empty (null stays null); ``upstream.url``
+    and ``state.backend`` with user info and query values redacted
+    (:func:`proxy.edge.forward.redact_url`, ``marked``)."""
+    plain = to_plain(cfg)
+    if plain.get("admin_token") is not None:
+        plain["admin_token"] = REDACTED if plain["admin_token"] else TOKEN_OFF
+    plain["upstream"]["url"] = redact_url(cfg.upstream.url, marked=True)
+    plain["state"]["backend"] = redact_url(cfg.state.backend, marked=True)
+    return plain
 
 
 def _check_config(path: str) -> int:
@@ -169,10 +186,7 @@ def _check_config(path: str) -> int:
         for e in errors:  # one line each, as serve says its one
             print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2
-    plain = to_plain(cfg)
-    if plain.get("admin_token") is not None:
-        plain["admin_token"] = REDACTED
-    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(shown_config(cfg), sort_keys=False))
     return 0
 
 

@@ -10,10 +10,12 @@ then these defaults (see :mod:`proxy.ops.cli`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import string
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from proxy.edge.forward import redact_url
 from proxy.effects import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS, EffectRule
 from proxy.episodes import DEFAULT_CONTINUATION_PATTERNS, ContinuationRule
 from proxy.errors import ConfigError
@@ -36,26 +39,26 @@ DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
 DENY_PLACEHOLDERS = ("tool", "count", "limit", "kind")
 
 
-def _check_failure_patterns(patterns: tuple[str, ...], key: str) -> None:
+def _check_failure_patterns(patterns: tuple[str, ...], key: str) -> Iterator[ConfigError]:
     """Each pattern must compile as a failure pattern (:func:`proxy.failures.compile_pattern`);
     the error names ``key[i]``."""
     for i, pattern in enumerate(patterns):
         try:
             compile_pattern(pattern)
         except re.error as e:
-            raise ConfigError(f"{key}[{i}]", f"is not a valid regular expression: {e}") from None
+            yield ConfigError(f"{key}[{i}]", f"is not a valid regular expression: {e}")
         except ValueError as e:
-            raise ConfigError(f"{key}[{i}]", f"is rejected: {e}") from None
+            yield ConfigError(f"{key}[{i}]", f"is rejected: {e}")
 
 
-def _check_thresholds(thresholds: tuple[int, ...], key: str) -> None:
+def _check_thresholds(thresholds: tuple[int, ...], key: str) -> Iterator[ConfigError]:
     """A reminder rule's thresholds: not empty, integers >= 2, none twice; the error names ``key``."""
     if not thresholds:
-        raise ConfigError(key, "must not be empty")
-    if any(t < 2 for t in thresholds):
-        raise ConfigError(key, "every threshold must be an integer >= 2")
+        yield ConfigError(key, "must not be empty")
+    elif any(t < 2 for t in thresholds):
+        yield ConfigError(key, "every threshold must be an integer >= 2")
     if len(set(thresholds)) != len(thresholds):
-        raise ConfigError(key, "thresholds must not repeat")
+        yield ConfigError(key, "thresholds must not repeat")
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,17 @@ class ListenConfig:
     body_timeout_s: float | None = 60.0
     max_connections: int = 1024
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"{path}.port", "must be between 0 and 65535")
+            yield ConfigError(f"{path}.port", "must be between 0 and 65535")
         if self.shutdown_grace_s < 0:
-            raise ConfigError(f"{path}.shutdown_grace_s", "must be >= 0")
+            yield ConfigError(f"{path}.shutdown_grace_s", "must be >= 0")
         for name in ("header_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ConfigError(f"{path}.{name}", "must be > 0 or null")
+                yield ConfigError(f"{path}.{name}", "must be > 0 or null")
         if self.max_connections < 1:
-            raise ConfigError(f"{path}.max_connections", "must be an integer >= 1")
+            yield ConfigError(f"{path}.max_connections", "must be an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -135,16 +138,16 @@ class UpstreamConfig:
     max_body_mb: int = 64
     stream_json_requests: bool = False
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{path}.url", f"must be an http(s) URL, got {self.url!r}")
+            yield ConfigError(f"{path}.url", f"must be an http(s) URL, got {_shown(f'{path}.url', self.url)}")
         if self.connect_timeout_s <= 0:
-            raise ConfigError(f"{path}.connect_timeout_s", "must be > 0")
+            yield ConfigError(f"{path}.connect_timeout_s", "must be > 0")
         if self.read_timeout_s is not None and self.read_timeout_s <= 0:
-            raise ConfigError(f"{path}.read_timeout_s", "must be > 0 or null")
+            yield ConfigError(f"{path}.read_timeout_s", "must be > 0 or null")
         if self.max_body_mb < 1:
-            raise ConfigError(f"{path}.max_body_mb", "must be an integer >= 1")
+            yield ConfigError(f"{path}.max_body_mb", "must be an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -170,10 +173,10 @@ class RepeatReminderConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_thresholds(self.thresholds, f"{path}.thresholds")
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_thresholds(self.thresholds, f"{path}.thresholds")
         if self.arguments_preview_chars < 1:
-            raise ConfigError(f"{path}.arguments_preview_chars", "must be an integer >= 1")
+            yield ConfigError(f"{path}.arguments_preview_chars", "must be an integer >= 1")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "thresholds", tuple(sorted(self.thresholds)))
@@ -204,21 +207,21 @@ class CircuitBreakerConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.duplicate_limit < 1:
-            raise ConfigError(f"{path}.duplicate_limit", "must be an integer >= 1")
+            yield ConfigError(f"{path}.duplicate_limit", "must be an integer >= 1")
         if self.window < 1:
-            raise ConfigError(f"{path}.window", "must be an integer >= 1")
-        if self.window < self.duplicate_limit:
-            raise ConfigError(
+            yield ConfigError(f"{path}.window", "must be an integer >= 1")
+        elif self.window < self.duplicate_limit:
+            yield ConfigError(
                 f"{path}.window", f"must be >= duplicate_limit ({self.duplicate_limit}), got {self.window}"
             )
         if self.max_calls_per_agent < 0:
-            raise ConfigError(f"{path}.max_calls_per_agent", "must be an integer >= 0 (0 = no cap)")
-        _check_template(self.deny_message, DENY_PLACEHOLDERS, f"{path}.deny_message")
+            yield ConfigError(f"{path}.max_calls_per_agent", "must be an integer >= 0 (0 = no cap)")
+        yield from _check_template(self.deny_message, DENY_PLACEHOLDERS, f"{path}.deny_message")
 
 
-def _check_template(text: str, names: tuple[str, ...], key: str) -> None:
+def _check_template(text: str, names: tuple[str, ...], key: str) -> Iterator[ConfigError]:
     """Reject a ``str.format`` template that uses anything but ``{name}`` for ``names`` (with an
     optional conversion or format spec that renders for sample values)."""
     allowed = ", ".join(f"{{{n}}}" for n in names)
@@ -232,14 +235,16 @@ def _check_template(text: str, names: tuple[str, ...], key: str) -> None:
                 fields.extend(n for _, n, _, _ in fmt.parse(spec) if n is not None)
     except ValueError as e:
         hint = "write {{ and }} for literal braces"
-        raise ConfigError(key, f"is not a valid template ({e}); {hint}") from None
+        yield ConfigError(key, f"is not a valid template ({e}); {hint}")
+        return
     for f in fields:
         if f not in names:
-            raise ConfigError(key, f"unknown placeholder {{{f}}}; allowed: {allowed}")
+            yield ConfigError(key, f"unknown placeholder {{{f}}}; allowed: {allowed}")
+            return
     try:
         text.format(**{n: 1 if n in ("count", "limit") else n for n in names})
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-        raise ConfigError(key, f"cannot be rendered: {e}") from None
+        yield ConfigError(key, f"cannot be rendered: {e}")
 
 
 @dataclass(frozen=True)
@@ -267,20 +272,20 @@ class TurnGuardConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         for name in ("max_same_target", "max_same_call"):
             if getattr(self, name) < 0 or getattr(self, name) == 1:
-                raise ConfigError(f"{path}.{name}", "must be 0 (off) or an integer >= 2")
+                yield ConfigError(f"{path}.{name}", "must be 0 (off) or an integer >= 2")
         for name in ("max_failures", "max_calls_per_turn", "narrate_after_ms", "narrate_every_ms"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{path}.{name}", "must be an integer >= 0 (0 = off)")
+                yield ConfigError(f"{path}.{name}", "must be an integer >= 0 (0 = off)")
         for tool, names in self.targets.items():
             if not tool:
-                raise ConfigError(f"{path}.targets", "tool names must not be empty")
+                yield ConfigError(f"{path}.targets", "tool names must not be empty")
             for i, name in enumerate(names):
                 if not name:
-                    raise ConfigError(f"{path}.targets.{tool}[{i}]", "argument names must not be empty")
-        _check_failure_patterns(self.failure_patterns, f"{path}.failure_patterns")
+                    yield ConfigError(f"{path}.targets.{tool}[{i}]", "argument names must not be empty")
+        yield from _check_failure_patterns(self.failure_patterns, f"{path}.failure_patterns")
 
 
 #: Result texts that say the user rejected a call (``guards.repeated_failure.rejection_patterns``).
@@ -303,11 +308,11 @@ DEFAULT_REJECTION_PATTERNS: tuple[str, ...] = (
 )
 
 
-def _check_range(obj: Any, path: str, name: str, low: int, zero_ok: bool = False) -> None:
+def _check_range(obj: Any, path: str, name: str, low: int, zero_ok: bool = False) -> Iterator[ConfigError]:
     value = getattr(obj, name)
     if value < low and not (zero_ok and value == 0):
         off = "0 (off) or " if zero_ok else ""
-        raise ConfigError(f"{path}.{name}", f"must be {off}an integer >= {low}")
+        yield ConfigError(f"{path}.{name}", f"must be {off}an integer >= {low}")
 
 
 @dataclass(frozen=True)
@@ -323,10 +328,10 @@ class RecurrenceConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "occurrences", 2)
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "occurrences", 2)
         if self.window < self.occurrences:
-            raise ConfigError(
+            yield ConfigError(
                 f"{path}.window", f"must be >= occurrences ({self.occurrences}), got {self.window}"
             )
 
@@ -346,15 +351,15 @@ class CyclesConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "min_period", 2)
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "min_period", 2)
         if self.max_period < self.min_period:
-            raise ConfigError(f"{path}.max_period", f"must be >= min_period ({self.min_period})")
-        if self.max_period > 20:
-            raise ConfigError(f"{path}.max_period", "must be <= 20")
-        _check_range(self, path, "repetitions", 2)
+            yield ConfigError(f"{path}.max_period", f"must be >= min_period ({self.min_period})")
+        elif self.max_period > 20:
+            yield ConfigError(f"{path}.max_period", "must be <= 20")
+        yield from _check_range(self, path, "repetitions", 2)
         if self.withhold_at and self.withhold_at <= self.repetitions:
-            raise ConfigError(f"{path}.withhold_at", f"must be 0 (off) or > repetitions ({self.repetitions})")
+            yield ConfigError(f"{path}.withhold_at", f"must be 0 (off) or > repetitions ({self.repetitions})")
 
 
 @dataclass(frozen=True)
@@ -372,10 +377,10 @@ class RepeatedFailureConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "failures", 2, zero_ok=True)
-        _check_range(self, path, "error_preview_chars", 1)
-        _check_failure_patterns(self.rejection_patterns, f"{path}.rejection_patterns")
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "failures", 2, zero_ok=True)
+        yield from _check_range(self, path, "error_preview_chars", 1)
+        yield from _check_failure_patterns(self.rejection_patterns, f"{path}.rejection_patterns")
 
 
 @dataclass(frozen=True)
@@ -390,10 +395,10 @@ class MonologueConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "repeats", 2)
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "repeats", 2)
         if self.stop_at and self.stop_at <= self.repeats:
-            raise ConfigError(f"{path}.stop_at", f"must be 0 (off) or > repeats ({self.repeats})")
+            yield ConfigError(f"{path}.stop_at", f"must be 0 (off) or > repeats ({self.repeats})")
 
 
 @dataclass(frozen=True)
@@ -407,9 +412,9 @@ class EchoLoopConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "repeats", 2)
-        _check_range(self, path, "min_literal_chars", 1)
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "repeats", 2)
+        yield from _check_range(self, path, "min_literal_chars", 1)
 
 
 @dataclass(frozen=True)
@@ -423,8 +428,8 @@ class SameTargetConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_thresholds(self.thresholds, f"{path}.thresholds")
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_thresholds(self.thresholds, f"{path}.thresholds")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "thresholds", tuple(sorted(self.thresholds)))
@@ -442,8 +447,8 @@ class EscalationConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
-        _check_range(self, path, "after_reminders", 1)
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "after_reminders", 1)
 
 
 @dataclass(frozen=True)
@@ -476,36 +481,43 @@ class ProgressConfig:
     #: User messages that do not start a new episode (issue 10, :mod:`proxy.episodes`).
     continuation_patterns: tuple[str, ...] = DEFAULT_CONTINUATION_PATTERNS
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         for i, pattern in enumerate(self.continuation_patterns):
             if not pattern.strip():
-                raise ConfigError(f"{path}.continuation_patterns[{i}]", "must not be empty")
+                yield ConfigError(f"{path}.continuation_patterns[{i}]", "must not be empty")
+                continue
             try:
                 re.compile(pattern)
             except re.error as e:
-                raise ConfigError(
+                yield ConfigError(
                     f"{path}.continuation_patterns[{i}]", f"is not a valid regular expression: {e}"
-                ) from None
+                )
         for name in ("read_only_tools", "state_changing_tools", "read_only_commands"):
             for i, value in enumerate(getattr(self, name)):
                 if not value.strip():
-                    raise ConfigError(f"{path}.{name}[{i}]", "must not be empty")
+                    yield ConfigError(f"{path}.{name}[{i}]", "must not be empty")
+        bad_mask = False
         for i, pattern in enumerate(self.masks):
             if not pattern:
-                raise ConfigError(f"{path}.masks[{i}]", "must not be empty")
+                yield ConfigError(f"{path}.masks[{i}]", "must not be empty")
+                bad_mask = True
+                continue
             try:
                 compile_masks([pattern])
             except re.error as e:
                 hint = " (inline flags only in scoped form, e.g. (?i:...))" if "flags" in str(e) else ""
-                raise ConfigError(
-                    f"{path}.masks[{i}]", f"is not a valid regular expression: {e}{hint}"
-                ) from None
+                yield ConfigError(f"{path}.masks[{i}]", f"is not a valid regular expression: {e}{hint}")
+                bad_mask = True
+                continue
             if re.compile(pattern).match(""):
-                raise ConfigError(f"{path}.masks[{i}]", "must not match the empty string")
+                yield ConfigError(f"{path}.masks[{i}]", "must not match the empty string")
+                bad_mask = True
+        if bad_mask:  # the combined expression is checked once every mask is valid on its own
+            return
         try:
             compile_masks(self.masks)
         except re.error as e:  # e.g. a global inline flag that is only valid at the start
-            raise ConfigError(f"{path}.masks", f"cannot be combined into one expression: {e}") from None
+            yield ConfigError(f"{path}.masks", f"cannot be combined into one expression: {e}")
 
     def compiled(self) -> Masks:
         return compile_masks(self.masks)
@@ -539,10 +551,10 @@ class StopConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.after_ignored_denials < 0:
-            raise ConfigError(f"{path}.after_ignored_denials", "must be an integer >= 0 (0 = off)")
-        _check_template(self.message, STOP_PLACEHOLDERS, f"{path}.message")
+            yield ConfigError(f"{path}.after_ignored_denials", "must be an integer >= 0 (0 = off)")
+        yield from _check_template(self.message, STOP_PLACEHOLDERS, f"{path}.message")
 
 
 @dataclass(frozen=True)
@@ -556,13 +568,13 @@ class DegenerateTextConfig:
     min_chars: int = 200
     max_period: int = 500
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.min_repeats < 2:
-            raise ConfigError(f"{path}.min_repeats", "must be an integer >= 2")
+            yield ConfigError(f"{path}.min_repeats", "must be an integer >= 2")
         if self.min_chars < 1:
-            raise ConfigError(f"{path}.min_chars", "must be an integer >= 1")
+            yield ConfigError(f"{path}.min_chars", "must be an integer >= 1")
         if self.max_period < 1:
-            raise ConfigError(f"{path}.max_period", "must be an integer >= 1")
+            yield ConfigError(f"{path}.max_period", "must be an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -581,10 +593,10 @@ class ResponseConfig:
     #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
     mode: Mode = "enforce"
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         for key in ("max_calls_per_response", "max_identical_per_response"):
             if getattr(self, key) < 0:
-                raise ConfigError(f"{path}.{key}", "must be an integer >= 0 (0 = no limit)")
+                yield ConfigError(f"{path}.{key}", "must be an integer >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -609,13 +621,13 @@ class ResponsesStoreConfig:
     max_bytes_mb: float | None = 64.0
     max_age_s: float | None = 21600.0
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.max_entries < 0:
-            raise ConfigError(f"{path}.max_entries", "must be an integer >= 0 (0 = keep none)")
+            yield ConfigError(f"{path}.max_entries", "must be an integer >= 0 (0 = keep none)")
         for name in ("max_bytes_mb", "max_age_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ConfigError(f"{path}.{name}", "must be > 0 or null (no limit)")
+                yield ConfigError(f"{path}.{name}", "must be > 0 or null (no limit)")
 
 
 #: What a backend URL may start with (``state.backend``): the redis package's URL schemes.
@@ -645,23 +657,27 @@ class StateConfig:
     def shared(self) -> bool:
         return self.backend != "memory"
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.backend != "memory" and not self.backend.startswith(REDIS_SCHEMES):
-            raise ConfigError(f"{path}.backend", f"must be 'memory' or a redis:// URL, got {self.backend!r}")
+            yield ConfigError(
+                f"{path}.backend",
+                f"must be 'memory' or a redis:// URL, got {_shown(f'{path}.backend', self.backend)}",
+            )
         for name in ("timeout_ms", "stats_interval_s"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{path}.{name}", "must be > 0")
+                yield ConfigError(f"{path}.{name}", "must be > 0")
         if self.retry_s < 0:
-            raise ConfigError(f"{path}.retry_s", "must be >= 0")
+            yield ConfigError(f"{path}.retry_s", "must be >= 0")
         if not self.prefix:
-            raise ConfigError(f"{path}.prefix", "must not be empty")
+            yield ConfigError(f"{path}.prefix", "must not be empty")
 
 
 @dataclass(frozen=True)
 class CaptureConfig:
     """Capture of guarded requests for ``loopguard replay`` (issue 16, :mod:`proxy.ops.capture`).
 
-    ``path``: the JSONL file (``""`` = off; its directory must exist); one line per guarded
+    ``path``: the JSONL file (``""`` = off; its directory must exist and be writable, checked
+    at start: ``check-config`` and ``serve`` fail naming ``capture.path`` otherwise); one line per guarded
     request: the conversation's messages and the answer's calls, never headers. ``max_bytes``:
     the file is rotated when it would grow past this many bytes (``path.1`` … ``path.<backups>``,
     the oldest dropped: :class:`logging.handlers.RotatingFileHandler`). ``contents``: false
@@ -673,11 +689,34 @@ class CaptureConfig:
     backups: int = 5
     contents: bool = False
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if self.max_bytes < 1024:
-            raise ConfigError(f"{path}.max_bytes", "must be an integer >= 1024")
+            yield ConfigError(f"{path}.max_bytes", "must be an integer >= 1024")
         if self.backups < 1:  # RotatingFileHandler never rotates with 0 backups
-            raise ConfigError(f"{path}.backups", "must be an integer >= 1")
+            yield ConfigError(f"{path}.backups", "must be an integer >= 1")
+        if self.path:
+            problem = _unwritable(Path(self.path))
+            if problem:
+                yield ConfigError(f"{path}.path", problem)
+
+
+def _unwritable(file: Path) -> str:
+    """Why a file to be appended to (``capture.path``) cannot be written, "" when it can: its
+    directory is missing, not a directory or not writable (``os.access``, which also says no on
+    a read-only file system), or the file itself is a directory or not writable."""
+    parent = file.parent
+    if not parent.exists():
+        return f"its directory {str(parent)!r} does not exist"
+    if not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if file.is_dir():
+        return f"{str(file)!r} is a directory"
+    if file.exists():
+        if not os.access(file, os.W_OK):
+            return f"{str(file)!r} is not writable"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        return f"its directory {str(parent)!r} is not writable"
+    return ""
 
 
 #: The rules of each config section with a ``mode`` (``narration`` is part of ``turn_guard``).
@@ -749,6 +788,24 @@ class Config:
 # --- building dataclasses from plain data -------------------------------------------------------
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+#: Keys whose value is a credential: an error about one names its type, never its value.
+SECRET_KEYS = frozenset({"admin_token"})
+#: Keys whose value is a URL that may carry a credential (user info, a query ``api-key``):
+#: shown through :func:`proxy.edge.forward.redact_url`.
+URL_KEYS = frozenset({"upstream.url", "state.backend"})
+
+
+def _shown(key: str, value: Any) -> str:
+    """``value`` as an error message about ``key`` may show it: a credential's type only
+    (``a value of type int (not shown)``), a URL redacted (:func:`redact_url` with ``marked``),
+    anything else its ``repr``."""
+    if key in SECRET_KEYS:
+        return f"a value of type {type(value).__name__} (not shown)"
+    if key in URL_KEYS and isinstance(value, str):
+        if urlsplit(value).netloc or re.fullmatch(r"[\w.-]*", value):  # a URL with a host, a word
+            return repr(redact_url(value, marked=True))
+        return "a value that is not a URL with a host (not shown)"  # where its user info ends is unknown
+    return repr(value)
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
@@ -758,7 +815,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is Literal:
         if value not in typing.get_args(tp):
             choices = ", ".join(repr(c) for c in typing.get_args(tp))
-            raise ConfigError(key, f"must be one of {choices}, got {value!r}")
+            raise ConfigError(key, f"must be one of {choices}, got {_shown(key, value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -783,7 +840,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         or (tp is str and isinstance(value, str))
     )
     if not ok:
-        raise ConfigError(key, f"must be {_TYPE_NAMES.get(tp, tp)}, got {value!r}")
+        raise ConfigError(key, f"must be {_TYPE_NAMES.get(tp, tp)}, got {_shown(key, value)}")
     return float(value) if tp is float else value
 
 
@@ -792,8 +849,8 @@ def build(cls: type, data: Any, path: str = "", errors: list[ConfigError] | None
 
     Raises :class:`ConfigError` naming ``path.key`` for unknown keys, wrong types, and whatever the
     class's own ``check(path)`` rejects. With ``errors`` (a list), nothing is raised: each error
-    is appended, the key it names takes its default, and every other key is still read (a
-    section's ``check`` reports its first error); the caller looks at ``errors``.
+    is appended, the key it names takes its default, and every other key is still read (and
+    every error a section's ``check`` finds is appended); the caller looks at ``errors``.
     """
     if data is None:
         data = {}
@@ -820,11 +877,9 @@ def build(cls: type, data: Any, path: str = "", errors: list[ConfigError] | None
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:
-        try:
-            check(path)
-        except ConfigError as e:
+        for e in check(path):  # each check yields every error it finds, one per key
             if errors is None:
-                raise
+                raise e
             errors.append(e)
     return obj
 

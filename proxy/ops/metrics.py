@@ -14,6 +14,7 @@ read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
 before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-state backend
 calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
+``loopguard_capture_write_errors_total`` (capture lines that could not be written),
 ``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
 calls, written as text and repaired: issue 13), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
@@ -41,6 +42,7 @@ _COUNTERS = (
     ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
     ("responses_repaired", "Answers whose tool calls written as text were repaired into structured calls."),
     ("text_calls_repaired", "Tool calls written as text that were repaired into structured calls."),
+    ("capture_write_errors", "Capture lines (capture.path) that could not be written."),
 )
 
 

@@ -169,6 +169,8 @@ class Stats:
     #: shared-state backend operations that failed open, per operation (``state.backend``,
     #: :mod:`proxy.edge.shared_state`: ``fetch``, ``save_state``, ``save_entry``, ``claim_incident``, …)
     backend_errors: Counter[str] = field(default_factory=Counter)
+    #: capture lines that could not be written (``capture.path``: disk full, file removed, …)
+    capture_write_errors: int = 0
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
@@ -221,6 +223,7 @@ class Stats:
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,
+            "capture_write_errors": self.capture_write_errors,
             "per_rule": dict(sorted(self.per_rule.items())),
             "observed_per_rule": self._per_rule("observe"),
             "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut", "repair")},

@@ -2,8 +2,9 @@
 
 What it reads (:func:`load`): capture files (``capture.path``, JSON lines, :mod:`proxy.ops.capture`;
 rotated backups ``path.N`` included, oldest first), and fixture files (one JSON object with
-``messages``: the format of ``shared/fixtures/loops`` and ``shared/fixtures/realtraj``, see their
-READMEs), or directories of them (``*.json`` fixtures, ``*.jsonl`` and ``*.jsonl.N`` captures).
+``messages``: the format of ``tests/fixtures/loops`` and of the recorded runs kept outside the
+repository, ``shared/fixtures/realtraj``; see their READMEs), or directories of them (``*.json``
+fixtures, ``*.jsonl`` and ``*.jsonl.N`` captures).
 
 How (:func:`replay`): each conversation is a list of :class:`Exchange` — a request (the history
 the agent sent) and the upstream's answer. A capture line is one exchange as it happened; a
@@ -151,19 +152,30 @@ def _continues(conv: Conversation, items: list[Any]) -> bool:
     return len(last) <= len(items) and items[: len(last)] == last
 
 
-def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
+def capture_conversations(files: Iterable[Path], skipped: dict[str, int] | None = None) -> list[Conversation]:
     """The conversations of capture files, in order of first appearance. A line continues the
     conversation whose last request its history extends (the previous messages are a prefix of
-    its own: an agent resends its whole history), preferring one with the same conversation key
-    (the key of a first request, before any tool call id, can differ from its successors');
-    else it starts one. ``chained`` lines and lines without items are skipped."""
+    its own: an agent resends its whole history), preferring one whose last request had the same
+    conversation key (the key of a first request, before any tool call id, can differ from its
+    successors'); else it starts one. A conversation is named by the key of its last request:
+    the key the live ``request`` log lines carry from its first tool call on. ``chained`` lines
+    and lines without items are skipped; so are lines that are not a JSON object (a last line
+    cut short by a crash or a full disk, a line of another file), counted per file in
+    ``skipped`` (``{path: n}``, files with none left out) when given."""
     convs: list[Conversation] = []
     for path in files:
         with path.open("rb") as f:
             for raw in f:
                 if not raw.strip():
                     continue
-                obj = orjson.loads(raw)
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    obj = None
+                if not isinstance(obj, dict):
+                    if skipped is not None:
+                        skipped[str(path)] = skipped.get(str(path), 0) + 1
+                    continue
                 dialect = str(obj.get("dialect") or "chat")
                 items = obj.get("input" if dialect == "responses" else "messages")
                 if obj.get("chained") or not isinstance(items, list):
@@ -177,14 +189,19 @@ def capture_conversations(files: Iterable[Path]) -> list[Conversation]:
                 else:
                     conv = Conversation(key, str(path), label="capture")
                     convs.append(conv)
-                time_ms = int(obj.get("time_ms") or 0)
+                try:
+                    time_ms = int(obj.get("time_ms") or 0)
+                except (TypeError, ValueError):
+                    time_ms = 0
+                conv.id = key or conv.id
                 conv.exchanges.append(Exchange(items, obj.get("answer"), time_ms, dialect, key))
     return convs
 
 
-def load(paths: Sequence[str | Path]) -> list[Conversation]:
+def load(paths: Sequence[str | Path], skipped: dict[str, int] | None = None) -> list[Conversation]:
     """The conversations of ``paths`` (files or directories; see the module docstring), in the
-    order given; a directory's fixtures sorted by id, then its captures."""
+    order given; a directory's fixtures sorted by id, then its captures. ``skipped``: the
+    capture lines that could not be read, per file (:func:`capture_conversations`)."""
     out: list[Conversation] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -200,11 +217,11 @@ def load(paths: Sequence[str | Path]) -> list[Conversation]:
                 - set(bases)
             )
             for base in bases:
-                out.extend(capture_conversations(_capture_files(base)))
+                out.extend(capture_conversations(_capture_files(base), skipped))
         elif p.suffix == ".json":
             out.append(fixture_conversation(orjson.loads(p.read_bytes()), str(p)))
         else:
-            out.extend(capture_conversations(_capture_files(p)))
+            out.extend(capture_conversations(_capture_files(p), skipped))
     return out
 
 
@@ -424,12 +441,20 @@ def as_json(results: Sequence[Result]) -> bytes:
 
 
 def main(args: argparse.Namespace, cfg: Config) -> int:
-    """``loopguard replay``: 0 when something was replayed, 1 when the paths held nothing."""
+    """``loopguard replay``: 0 when something was replayed, 1 when the paths held nothing. A
+    capture line that cannot be read is skipped; each file with such lines gets one line on
+    stderr saying how many."""
     missing = [p for p in args.paths if not Path(p).exists() and not _capture_files(Path(p))]
     if missing:
         print(f"loopguard: replay: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
-    convs = load(args.paths)
+    skipped: dict[str, int] = {}
+    convs = load(args.paths, skipped)
+    for path, n in skipped.items():
+        lines = "line" if n == 1 else "lines"
+        print(
+            f"loopguard: replay: {path}: skipped {n} unreadable {lines} (not a JSON object)", file=sys.stderr
+        )
     if not convs:
         print("loopguard: replay: no conversations found", file=sys.stderr)
         return 1
