@@ -38,7 +38,7 @@ def content_text(content: Any) -> str:
 
 
 def parse_request(body: Any) -> Transcript:
-    """Build the transcript of a decoded request body.
+    """Build the transcript of a decoded request body (:class:`Fold` over every message).
 
     Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
     message is not an object.
@@ -48,29 +48,63 @@ def parse_request(body: Any) -> Transcript:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise DialectError("messages is not a list")
-
-    calls: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    users: list[int] = []
-    texts: list[int] = []
-    said: list[Said] = []
-    pending: dict[str | None, deque[int]] = defaultdict(deque)
-    turn = 0
-    last_kind = ""
-
+    fold = Fold()
     for pos, msg in enumerate(messages):
+        fold.feed(pos, msg)
+    return fold.finish(len(messages))
+
+
+class Fold:
+    """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
+    is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
+    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`)."""
+
+    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "turn", "users")
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.users: list[int] = []
+        self.texts: list[int] = []
+        self.said: list[Said] = []
+        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.turn = 0
+        self.last_kind = ""
+
+    def copy(self) -> Fold:
+        """An independent copy (feeding either never changes the other)."""
+        out = Fold()
+        out.calls = [dict(c) for c in self.calls]
+        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        out.users = list(self.users)
+        out.texts = list(self.texts)
+        out.said = list(self.said)
+        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.turn = self.turn
+        out.last_kind = self.last_kind
+        return out
+
+    def finish(self, message_count: int) -> Transcript:
+        """The transcript of the ``message_count`` messages fed."""
+        return build(
+            self.calls, self.steps, self.users, self.texts, message_count, self.last_kind == "step", self.said
+        )
+
+    def feed(self, pos: int, msg: Any) -> None:
+        """Read message ``pos``. Raises :class:`DialectError` when it is not an object."""
         if not isinstance(msg, dict):
             raise DialectError(f"message {pos} is not an object")
+        calls, steps, pending = self.calls, self.steps, self.pending
         role = msg.get("role")
         if role == "user":
-            turn += 1
-            users.append(pos)
-            said.append(Said(pos, "user", content_text(msg.get("content"))))
-            last_kind = "user"
+            self.turn += 1
+            self.users.append(pos)
+            self.said.append(Said(pos, "user", content_text(msg.get("content"))))
+            self.last_kind = "user"
         elif role == "assistant":
             text = content_text(msg.get("content"))
             if text.strip():
-                texts.append(pos)
+                self.texts.append(pos)
             wire_calls = msg.get("tool_calls")
             entries: list[tuple[str | None, Any, Any]] = []
             if isinstance(wire_calls, list):
@@ -85,7 +119,7 @@ def parse_request(body: Any) -> Transcript:
             fc = msg.get("function_call")
             if not entries and isinstance(fc, dict):
                 entries.append((None, fc.get("name"), fc.get("arguments")))
-            said.append(Said(pos, "assistant", text, bool(entries)))
+            self.said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None}
                 steps.append(step)
@@ -95,7 +129,7 @@ def parse_request(body: Any) -> Transcript:
                         {
                             "seq": seq,
                             "step": step["index"],
-                            "turn": turn,
+                            "turn": self.turn,
                             "position": pos,
                             "call_id": cid,
                             "name": name if isinstance(name, str) else "",
@@ -106,9 +140,9 @@ def parse_request(body: Any) -> Transcript:
                     )
                     step["calls"].append(seq)
                     pending[cid].append(seq)
-                last_kind = "step"
+                self.last_kind = "step"
             else:
-                last_kind = "assistant"
+                self.last_kind = "assistant"
         elif role in ("tool", "function"):
             cid = msg.get("tool_call_id") if role == "tool" else None
             queue = pending.get(cid if isinstance(cid, str) else None)
@@ -126,12 +160,10 @@ def parse_request(body: Any) -> Transcript:
                 calls[seq]["result"] = ToolResult(pos, content_text(msg.get("content")))
                 step = steps[calls[seq]["step"]]
                 step["end"] = pos if step["end"] is None else max(step["end"], pos)
-            if last_kind != "step":
-                last_kind = "other"
+            if self.last_kind != "step":
+                self.last_kind = "other"
         else:
-            last_kind = "other"
-
-    return build(calls, steps, users, texts, len(messages), last_kind == "step", said)
+            self.last_kind = "other"
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).

@@ -87,28 +87,76 @@ def parse_request(body: Any) -> Transcript:
     if not isinstance(items, list):
         raise DialectError("input is neither a string nor a list")
 
-    calls: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    users: list[int] = []
-    texts: list[int] = []
-    said: list[Said] = []
-    pending: dict[str | None, deque[int]] = defaultdict(deque)
-    turn = 0
-    last_kind = ""  # "step" while the history ends with a step and its outputs
-    in_step = False  # the previous item (reasoning aside) was a call of the current step
-    previous = -1  # position of the previous item, reasoning aside
-
+    fold = Fold()
     for pos, item in enumerate(items):
+        fold.feed(pos, item)
+    return fold.finish(len(items))
+
+
+class Fold:
+    """The transcript of an item list read one item at a time (issue 15): :func:`parse_request`
+    is ``feed`` over every item then ``finish``. :meth:`copy` keeps the state after a prefix, so a
+    request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`)."""
+
+    __slots__ = (
+        "calls",
+        "in_step",
+        "last_kind",
+        "pending",
+        "previous",
+        "said",
+        "steps",
+        "texts",
+        "turn",
+        "users",
+    )
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.users: list[int] = []
+        self.texts: list[int] = []
+        self.said: list[Said] = []
+        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.turn = 0
+        self.last_kind = ""  # "step" while the history ends with a step and its outputs
+        self.in_step = False  # the previous item (reasoning aside) was a call of the current step
+        self.previous = -1  # position of the previous item, reasoning aside
+
+    def copy(self) -> Fold:
+        """An independent copy (feeding either never changes the other)."""
+        out = Fold()
+        out.calls = [dict(c) for c in self.calls]
+        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        out.users = list(self.users)
+        out.texts = list(self.texts)
+        out.said = list(self.said)
+        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.turn = self.turn
+        out.last_kind = self.last_kind
+        out.in_step = self.in_step
+        out.previous = self.previous
+        return out
+
+    def finish(self, item_count: int) -> Transcript:
+        """The transcript of the ``item_count`` items fed."""
+        return build(
+            self.calls, self.steps, self.users, self.texts, item_count, self.last_kind == "step", self.said
+        )
+
+    def feed(self, pos: int, item: Any) -> None:
+        """Read item ``pos``. Raises :class:`DialectError` when it is not an object."""
+        calls, steps, said, pending = self.calls, self.steps, self.said, self.pending
         if not isinstance(item, dict):
             raise DialectError(f"input item {pos} is not an object")
         kind = item_type(item)
         if kind in CALL_TYPES:
-            if not in_step:
+            if not self.in_step:
                 steps.append({"index": len(steps), "position": pos, "calls": [], "end": None})
-                if said and said[-1].role == "assistant" and said[-1].position == previous:
+                if said and said[-1].role == "assistant" and said[-1].position == self.previous:
                     last = said[-1]
                     said[-1] = Said(last.position, last.role, last.text, True)
-                in_step = True
+                self.in_step = True
             step = steps[-1]
             cid = item.get("call_id")
             cid = cid if isinstance(cid, str) else None
@@ -119,7 +167,7 @@ def parse_request(body: Any) -> Transcript:
                 {
                     "seq": seq,
                     "step": step["index"],
-                    "turn": turn,
+                    "turn": self.turn,
                     "position": step["position"],
                     "call_id": cid,
                     "name": name if isinstance(name, str) else "",
@@ -130,13 +178,13 @@ def parse_request(body: Any) -> Transcript:
             )
             step["calls"].append(seq)
             pending[cid].append(seq)
-            last_kind = "step"
-            previous = pos
-            continue
+            self.last_kind = "step"
+            self.previous = pos
+            return
         if kind == "reasoning":
-            continue  # neither splits a step nor ends one
-        in_step = False
-        previous = pos
+            return  # neither splits a step nor ends one
+        self.in_step = False
+        self.previous = pos
         if kind in OUTPUT_TYPES:
             cid = item.get("call_id")
             queue = pending.get(cid if isinstance(cid, str) else None)
@@ -145,24 +193,22 @@ def parse_request(body: Any) -> Transcript:
                 calls[seq]["result"] = ToolResult(pos, content_text(item.get("output")))
                 step = steps[calls[seq]["step"]]
                 step["end"] = pos if step["end"] is None else max(step["end"], pos)
-            if last_kind != "step":
-                last_kind = "other"
-            continue
+            if self.last_kind != "step":
+                self.last_kind = "other"
+            return
         if kind == "message" and item.get("role") == "user":
-            turn += 1
-            users.append(pos)
+            self.turn += 1
+            self.users.append(pos)
             said.append(Said(pos, "user", content_text(item.get("content"))))
-            last_kind = "user"
+            self.last_kind = "user"
         elif kind == "message" and item.get("role") == "assistant":
             text = content_text(item.get("content"))
             if text.strip():
-                texts.append(pos)
+                self.texts.append(pos)
             said.append(Said(pos, "assistant", text))
-            last_kind = "assistant"
+            self.last_kind = "assistant"
         else:
-            last_kind = "other"
-
-    return build(calls, steps, users, texts, len(items), last_kind == "step", said)
+            self.last_kind = "other"
 
 
 def _result_member(kind: edits.Kind) -> str:
