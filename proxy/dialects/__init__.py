@@ -12,7 +12,7 @@ order of the registry does not matter; the query string is never part of the pat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from proxy.actions import Action
@@ -24,10 +24,22 @@ class Dialect(Protocol):
     """What the request side needs of a dialect module."""
 
     PATH_SUFFIX: str
+    #: the top-level member that holds the history
+    ITEMS: str
 
     def parse_request(self, body: Any) -> Transcript: ...
 
-    def apply(self, raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None: ...
+    def apply(
+        self,
+        raw: bytes,
+        actions: Sequence[Action],
+        body: Any = None,
+        spans: Sequence[tuple[int, int]] | None = None,
+    ) -> bytes | None: ...
+
+    #: ``Fold()``: the transcript read one history item at a time (``feed(pos, item)``,
+    #: ``copy()``, ``finish(count)``); ``parse_request`` folds over every item
+    Fold: Callable[[], Any]
 
 
 #: In lookup order; the first whose ``PATH_SUFFIX`` ends the request path wins.

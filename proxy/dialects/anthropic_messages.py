@@ -69,6 +69,8 @@ from proxy.transcript import Said, ToolResult, Transcript, build
 #: Ends the request path: ``/v1/messages`` (behind any prefix), not ``/v1/messages/count_tokens``
 #: nor an OpenAI Assistants ``/v1/threads/{id}/messages``.
 PATH_SUFFIX = "/v1/messages"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "messages"
 #: User-message blocks that are the user's own input (they make the message a turn start).
 USER_BLOCKS = frozenset(("text", "image", "document"))
 
@@ -292,11 +294,14 @@ def _denial(raw: bytes, fields: dict[str, tuple[int, int]], text: str) -> bytes 
     return b"[" + jsonbody.dumps(_text_block(text))[:-1] + b',"cache_control":' + cache + b"}]"
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read; rules
-    in the module docstring). ``body``: ``raw`` decoded, when the caller has it. Returns the new
-    body, or None when no action applies (a position that is no slot, a withhold of anything but
-    a result, is ignored)."""
+    in the module docstring). ``body``: ``raw`` decoded, when the caller has it; ``spans``: the
+    messages' byte spans, when known (:mod:`proxy.request.prefix_cache`). Returns the new body,
+    or None when no action applies (a position that is no slot, a withhold of anything but a
+    result, is ignored)."""
     if body is None:
         body = jsonbody.decode(raw)
     messages = body.get("messages") if isinstance(body, dict) else None
@@ -316,10 +321,11 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     if not withheld and not grouped:
         return None
 
-    start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
-    if start is None or raw[start : start + 1] != b"[":
-        return None
-    spans = jsonbody.items(raw, start, messages)
+    if spans is None:
+        start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
+        if start is None or raw[start : start + 1] != b"[":
+            return None
+        spans = jsonbody.items(raw, start, messages)
     if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
         return None
     message_fields: dict[int, dict[str, tuple[int, int]]] = {}

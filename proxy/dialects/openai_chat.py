@@ -25,6 +25,8 @@ from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/chat/completions"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "messages"
 
 
 def content_text(content: Any) -> str:
@@ -175,10 +177,13 @@ WIRE = edits.Wire(
 )
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read):
     withheld results get the denial text as their ``content``, reminders become ``user`` messages
     (or are appended to the content). Returns the new body, or None when no action applies.
-    ``body``: ``raw`` decoded, when the caller has it. Rules: :func:`proxy.dialects.edits.apply`.
+    ``body``: ``raw`` decoded, when the caller has it; ``spans``: the messages' byte spans, when
+    known. Rules: :func:`proxy.dialects.edits.apply`.
     """
-    return edits.apply(raw, actions, body, WIRE)
+    return edits.apply(raw, actions, body, WIRE, spans)

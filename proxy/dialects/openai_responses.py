@@ -42,6 +42,8 @@ from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/responses"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "input"
 CALL_TYPES = frozenset(("function_call", "custom_tool_call"))
 OUTPUT_TYPES = frozenset(("function_call_output", "custom_tool_call_output"))
 #: Content part types whose ``text`` is text (images and files are not).
@@ -233,11 +235,13 @@ WIRE = edits.Wire(
 )
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (module docstring; rules in
-    :func:`proxy.dialects.edits.apply`). Returns the new body, or None when no action applies (a
-    string ``input`` never has one)."""
-    return edits.apply(raw, actions, body, WIRE)
+    :func:`proxy.dialects.edits.apply`; ``spans``: the items' byte spans, when known). Returns the
+    new body, or None when no action applies (a string ``input`` never has one)."""
+    return edits.apply(raw, actions, body, WIRE, spans)
 
 
 # --- previous_response_id chains (proxy.request.response_store) ------------------------------

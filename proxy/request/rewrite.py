@@ -17,7 +17,9 @@ from proxy.actions import Action
 from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
+from proxy.request import prefix_cache
 from proxy.request.conversation import conversation_key
+from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
 from proxy.request.state import ConversationState
 from proxy.transcript import Transcript
@@ -60,6 +62,7 @@ def decide_request(
     state_for: Callable[[str], ConversationState | None] | None = None,
     dialect: Dialect = openai_chat,  # type: ignore[assignment]
     previous: Callable[[str], Entry | None] | None = None,
+    prefixes: PrefixCache | None = None,
 ) -> RequestDecision:
     """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
     their actions.
@@ -74,6 +77,10 @@ def decide_request(
     :data:`proxy.request.response_store.UNKNOWN_PREVIOUS`. With a store, every guarded Responses request
     not sent with ``store: false`` carries its chain in ``chain``, for the answer to be kept.
 
+    ``prefixes``: what earlier requests of each conversation established
+    (:mod:`proxy.request.prefix_cache`; None = read every history in full). The decision is the
+    same with or without it.
+
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
     try:
@@ -86,11 +93,11 @@ def decide_request(
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
     if dialect is openai_responses:
         return _decide_responses(
-            raw, body, headers, guards, header_names, now_ms, state_for, previous, model, stream
+            raw, body, headers, guards, header_names, now_ms, state_for, previous, model, stream, prefixes
         )
     key = conversation_key(headers, body, header_names)
     try:
-        transcript = dialect.parse_request(body)
+        transcript, spans = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
@@ -98,7 +105,7 @@ def decide_request(
         actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
-    out = dialect.apply(raw, actions, body) if actions else None
+    out = dialect.apply(raw, actions, body, spans) if actions else None
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
     return RequestDecision(out, actions, True, key, model, stream, transcript)
@@ -115,8 +122,10 @@ def _decide_responses(
     previous: Callable[[str], Entry | None] | None,
     model: str | None,
     stream: bool | None,
+    prefixes: PrefixCache | None,
 ) -> RequestDecision:
-    """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains."""
+    """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains
+    (a chained request is read in full: its kept chain is not in its bytes)."""
     prev = openai_responses.previous_id(body)
     entry = previous(prev) if prev is not None and previous is not None else None
     if prev is not None and entry is None:
@@ -126,18 +135,21 @@ def _decide_responses(
     try:
         new = openai_responses.input_items(body)
         full = body if entry is None else {**body, "input": [*entry.items(), *new]}
-        transcript = openai_responses.parse_request(full)
+        key = conversation_key(headers, full, header_names)
+        if entry is None:
+            transcript, spans = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
+        else:
+            transcript, spans = openai_responses.parse_request(full), None
     except DialectError:
         key = conversation_key(headers, body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
-    key = conversation_key(headers, full, header_names)
     chain = None
     if previous is not None:
         chain = chain_of(entry, new, prev, keep=body.get("store") is not False)
     state = state_for(key) if state_for is not None else None
     actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
     if entry is None:
-        out = openai_responses.apply(raw, actions, body) if actions else None
+        out = openai_responses.apply(raw, actions, body, spans) if actions else None
     else:
         out = openai_responses.apply_chained(raw, actions, body, entry.count, entry.repair)
     if out is None:

@@ -1,0 +1,169 @@
+"""What the previous request of a conversation established, so the next one reads only its new
+messages (issue 15).
+
+An agent sends its whole history on every step: each request is the previous one plus one step.
+Without this module every request re-reads the transcript of its whole history and re-finds the
+byte span of every message (the span finding of :func:`proxy.dialects.jsonbody.items`: an
+``orjson.dumps`` and a compare per message), so the cost of a request grows with its history.
+:class:`PrefixCache` keeps, per conversation (DESIGN §4 key) and dialect, the bytes of the
+previous request's history (from the ``[`` of its ``messages`` / ``input`` through its last item),
+each item's byte span, and the dialect's parse state after the last item (its ``Fold``,
+:mod:`proxy.dialects`). :func:`read` checks a request against it with one ``bytes.startswith``:
+when the history begins with exactly those bytes, the transcript resumes from the kept state
+and only the new items are read and spanned.
+
+Decisions never depend on it (DESIGN principle 2): a miss (the first request, a restart,
+another replica, an edited or compacted history, other whitespace or key order, an evicted
+entry) reads the whole history, and both ways give the same transcript and the same spans
+(``tests/test_prefix_cache.py`` replays every fixture both ways). The guards still run over
+the whole transcript. A body whose history member is given twice, or is not a list, is always
+read in full and never kept.
+
+Bounded memory: entries are dropped least recently used first once their bytes pass
+``max_bytes``; an entry counts its history's JSON bytes twice (the bytes, and the parse state that
+holds the messages' texts: an estimate). Not thread-safe: the server calls it from its event loop.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.dialects import Dialect, jsonbody
+from proxy.transcript import Transcript
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """One conversation's kept history. ``items``: the body's bytes from the history's ``[``
+    through the end of its last item. ``spans``: each item's (start, end), relative to that
+    ``[``. ``fold``: the dialect's parse state after the last item (never fed again: copied
+    before resuming). ``size``: what it counts against the budget."""
+
+    items: bytes
+    spans: tuple[Span, ...]
+    fold: Any
+    size: int
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters for ``/loop-guard/stats`` and ``/metrics``: ``hits`` (requests that resumed a
+    kept prefix), ``misses`` (requests read in full with the cache on), ``evictions`` (entries
+    dropped for the budget), ``bytes`` and ``entries`` (kept now)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes: int = 0
+    entries: int = 0
+
+
+class PrefixCache:
+    """Kept prefixes by (dialect path suffix, conversation key), least recently used dropped first
+    once their sizes pass ``max_bytes`` (bytes; > 0). An entry larger than the budget alone is not
+    kept."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be > 0")
+        self.max_bytes = max_bytes
+        self.stats = Stats()
+        self._entries: OrderedDict[tuple[str, str], Prefix] = OrderedDict()
+
+    def get(self, dialect: str, key: str) -> Prefix | None:
+        """The kept prefix of a conversation (now the most recently used), or None."""
+        entry = self._entries.get((dialect, key))
+        if entry is not None:
+            self._entries.move_to_end((dialect, key))
+        return entry
+
+    def put(self, dialect: str, key: str, entry: Prefix) -> None:
+        """Keep ``entry`` for a conversation (replacing what it had), then drop the least recently
+        used entries until the budget holds."""
+        old = self._entries.pop((dialect, key), None)
+        if old is not None:
+            self.stats.bytes -= old.size
+        if entry.size <= self.max_bytes:
+            self._entries[(dialect, key)] = entry
+            self.stats.bytes += entry.size
+        while self.stats.bytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.stats.bytes -= dropped.size
+            self.stats.evictions += 1
+        self.stats.entries = len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry (as a restart does; the counters stay)."""
+        self._entries.clear()
+        self.stats.bytes = 0
+        self.stats.entries = 0
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters and the budget, for ``/loop-guard/stats``."""
+        s = self.stats
+        return {
+            "hits": s.hits,
+            "misses": s.misses,
+            "evictions": s.evictions,
+            "bytes": s.bytes,
+            "entries": s.entries,
+            "max_bytes": self.max_bytes,
+        }
+
+
+def read(
+    raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None
+) -> tuple[Transcript, list[Span] | None]:
+    """The transcript of a decoded request body (``raw`` decoded: ``body``), as
+    ``dialect.parse_request(body)`` gives it, and the byte spans of its history's items (what
+    :func:`proxy.dialects.jsonbody.items` gives; None when the history member is missing, not a
+    list, or given twice: the dialect's ``apply`` then finds them itself). Resumes from the
+    conversation's kept prefix when the history starts with its bytes, and keeps this request's
+    history for the next one. ``cache`` None: a full read, nothing kept.
+
+    Raises what ``dialect.parse_request`` raises (:class:`proxy.errors.DialectError`).
+    """
+    listed = body.get(dialect.ITEMS)
+    if cache is None or not isinstance(listed, list):
+        return dialect.parse_request(body), None
+    start = jsonbody.member_start(raw, jsonbody.root(raw), dialect.ITEMS, body)
+    if start is None or raw[start : start + 1] != b"[":
+        return dialect.parse_request(body), None
+    kept = cache.get(dialect.PATH_SUFFIX, key)
+    fold: Any = None
+    spans: list[Span] | None = None
+    if kept is not None and raw.startswith(kept.items, start):
+        n = len(kept.spans)
+        tail, end = jsonbody.items_after(raw, start + len(kept.items), listed[n:])
+        if n + len(tail) == len(listed):
+            spans = [(start + s, start + e) for s, e in kept.spans] + tail
+            fold = kept.fold.copy()
+            for pos in range(n, len(listed)):
+                fold.feed(pos, listed[pos])
+    if fold is None:
+        spans = jsonbody.items(raw, start, listed)
+        end = jsonbody.items_after(raw, spans[-1][1])[1] if spans else jsonbody.items_after(raw, start + 1)[1]
+        fold = dialect.Fold()
+        for pos, item in enumerate(listed):
+            fold.feed(pos, item)
+        cache.stats.misses += 1
+    else:
+        cache.stats.hits += 1
+    assert spans is not None
+    if len(spans) != len(listed) or dialect.ITEMS in jsonbody.keys_after(raw, end, body):
+        return dialect.parse_request(body), None  # the member given twice: decoders read the last
+    transcript = fold.finish(len(listed))
+    if spans:
+        last = spans[-1][1]
+        cache.put(
+            dialect.PATH_SUFFIX,
+            key,
+            Prefix(
+                raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, 2 * (last - start)
+            ),
+        )
+    return transcript, spans
