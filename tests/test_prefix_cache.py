@@ -18,18 +18,21 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_responses
+from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request.prefix_cache import Prefix, PrefixCache, read
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests import messages_blocks, realtraj, responses_items
 from tests.corpus import default_config, load_fixtures
+from tests.fakes import FakeUpstream
 
 CFG: Config = build(Config, default_config())
 GUARDS: tuple[Guard, ...] = build_guards(
@@ -306,3 +309,63 @@ def test_the_least_recently_used_entries_go_first_once_the_budget_is_passed() ->
 def test_a_budget_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         PrefixCache(0)
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+async def _session(base: str) -> tuple[dict[str, Any], str, bytes]:
+    """Five requests of one growing looping conversation (a session header keys it); the stats
+    snapshot and the metrics text after them, and the last body sent."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read app.py"}]
+    raw = b""
+    async with aiohttp.ClientSession(headers={"x-session-id": "s1"}) as http:
+        for _ in range(5):
+            raw = json.dumps({"model": "m", "messages": messages}).encode()
+            post = http.post(
+                f"{base}/v1/chat/completions", data=raw, headers={"content-type": "application/json"}
+            )
+            async with post as r:
+                msg = (await r.json())["choices"][0]["message"]
+            messages.append(msg)
+            for tc in msg["tool_calls"]:
+                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": "print('hi')"})
+        async with http.get(f"{base}/loop-guard") as r:
+            snapshot = await r.json()
+        async with http.get(f"{base}/loop-guard/metrics") as r:
+            text = await r.text()
+    return snapshot, text, raw
+
+
+async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metrics(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    on = await make_proxy()
+    snapshot, text, last = await _session(on)
+    sent_on = [r.body for r in upstream.requests]
+    upstream.requests.clear()
+    off = await make_proxy({"prefix_cache": {"max_bytes_mb": 0}})
+    snapshot_off, text_off, _ = await _session(off)
+    assert [r.body for r in upstream.requests] == sent_on  # the same bytes upstream either way
+    assert sum(b"[loopguard]" in b for b in sent_on) >= 1  # and the guards acted on them
+    kept = snapshot["prefix_cache"]
+    assert (kept["hits"], kept["misses"], kept["evictions"], kept["entries"]) == (4, 1, 0, 1)
+    assert kept["max_bytes"] == 128 * 1024 * 1024
+    # the last history from its "[" through its last message ("]}" after it), counted twice
+    assert kept["bytes"] == 2 * (len(last) - last.index(b"[") - 2)
+    assert "loopguard_prefix_cache_hits_total 4.0" in text
+    assert "loopguard_prefix_cache_misses_total 1.0" in text
+    assert "loopguard_prefix_cache_entries 1.0" in text
+    assert "prefix_cache" not in snapshot_off
+    assert "loopguard_prefix_cache" not in text_off
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0, True), (0.5, True), (128, True), (-1, False)])
+def test_a_negative_budget_is_refused_at_start_naming_the_key(value: float, ok: bool) -> None:
+    if ok:
+        assert build(Config, {"prefix_cache": {"max_bytes_mb": value}}).prefix_cache.max_bytes == int(
+            value * 1048576
+        )
+        return
+    with pytest.raises(ConfigError, match=r"prefix_cache\.max_bytes_mb"):
+        build(Config, {"prefix_cache": {"max_bytes_mb": value}})
