@@ -105,6 +105,17 @@ def _decode_members(raw: bytes) -> Any:
     return out
 
 
+def _key(buf: bytes, start: int, end: int) -> str:
+    """The member key whose string literal spans ``buf[start:end]`` (quotes included). Without a
+    backslash a JSON string is its UTF-8 bytes between the quotes (RFC 8259 §7: control
+    characters must be escaped, and the bytes were accepted by a decoder), so only keys with an
+    escape pay for a JSON decode."""
+    inner = buf[start + 1 : end - 1]
+    if b"\\" not in inner:
+        return inner.decode("utf-8", "surrogatepass")
+    return str(json.loads(buf[start:end]))
+
+
 def _skip_ws(buf: bytes, i: int) -> int:
     return _WS.match(buf, i).end()
 
@@ -150,7 +161,7 @@ def _members(buf: bytes, start: int, hints: Any, until: str | None = None) -> It
         return
     while True:
         ke = _STRING.match(buf, i).end()
-        key = json.loads(buf[i:ke])
+        key = _key(buf, i, ke)
         i = _skip_ws(buf, ke)
         i = _skip_ws(buf, i + 1)  # the colon
         if key == until:
@@ -227,7 +238,7 @@ def keys_after(buf: bytes, end: int, hints: Any = None) -> list[str]:
     while buf[i : i + 1] == b",":
         i = _skip_ws(buf, i + 1)
         ke = _STRING.match(buf, i).end()
-        key = json.loads(buf[i:ke])
+        key = _key(buf, i, ke)
         out.append(key)
         i = _skip_ws(buf, _skip_ws(buf, ke) + 1)  # the colon
         hint = hints.get(key, _NO_HINT) if isinstance(hints, dict) else _NO_HINT
