@@ -736,10 +736,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "arms": {n: acc.summary(per_arm.get("direct")) for n, acc in per_arm.items()},
             }
 
-        # the agent session (concurrency 1): every arm, plus loopguard with its prefix cache off
-        log("agent session")
-        result["session"] = session_test(gen, tmp, upstream.url, plan, live)
-
         # per-arm process figures (peak RSS over everything above)
         result["arms"] = {}
         for name in ARMS:
@@ -762,6 +758,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["loopguard_stats"] = _get_json(f"{arms['loopguard'].url}/loop-guard")
         if arms["loopguard-off"].ok:
             result["loopguard_off_stats"] = _get_json(f"{arms['loopguard-off'].url}/loop-guard")
+
+        # the agent session (concurrency 1): every arm, plus loopguard with its prefix cache off
+        log("agent session")
+        result["session"] = session_test(gen, tmp, upstream.url, plan, live)
 
         # memory: fresh loopguard processes (default guards; every guard on), distinct conversations
         for a in live:
