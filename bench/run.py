@@ -11,7 +11,9 @@ Processes (each its own): a fast fake upstream (``fake_upstream.py``), the load 
    ``proxy.ops.config`` (read at run time), and the response side's limits at their off value;
 4. ``loopguard``: loopguard with the default guards; every body is a looping conversation, so
    reminders and denials are injected on every request;
-5. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
+5. ``loopguard-nocache``: the default guards with ``prefix_cache.max_bytes_mb: 0`` (every
+   history read in full, as before issue 15);
+6. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
    ``~/.cache/loopguard-bench`` and configured with the fake upstream as an OpenAI-compatible model.
 
 An arm that cannot be installed or started is reported as ``not run`` with the reason.
@@ -22,7 +24,7 @@ streamed), ``agent`` (1 MiB history with ~300 tool calls, not streamed), ``strea
 answered with 64 SSE events 5 ms apart), each at concurrency 1 (latency) and 16 (throughput); then
 body-size scaling (10 KB, 100 KB, 1 MB, 5 MB histories, concurrency 1), the agent session (one
 conversation growing from 10 KB to 5 MB over 120 requests, each the previous one plus the next
-steps, concurrency 1; also on a loopguard with its prefix cache off, issue 15) and the memory test
+steps, concurrency 1; issue 15) and the memory test
 (10,000 requests over 1,000 distinct conversations on fresh loopguard processes, one with the
 default guards and one with every guard on).
 
@@ -67,12 +69,13 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Sent as ``Authorization: Bearer …`` by the load generator to every arm; LiteLLM's master key.
 BENCH_KEY = "sk-bench-" + secrets.token_hex(16)
 
-ARMS = ("direct", "bare", "loopguard-off", "loopguard", "litellm")
+ARMS = ("direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache", "litellm")
 ARM_LABELS = {
     "direct": "direct (no proxy)",
     "bare": "bare aiohttp proxy",
     "loopguard-off": "loopguard, guards off",
     "loopguard": "loopguard, default guards",
+    "loopguard-nocache": "loopguard, default guards, prefix cache off (before issue 15)",
     "litellm": "LiteLLM proxy",
 }
 WORKLOADS = ("small", "agent", "stream")
@@ -666,6 +669,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bare": lambda: start_bare(tmp, upstream.url),
             "loopguard-off": lambda: start_loopguard("loopguard-off", tmp, upstream.url, None, guards=False),
             "loopguard": lambda: start_loopguard("loopguard", tmp, upstream.url, None),
+            "loopguard-nocache": lambda: start_loopguard(
+                "loopguard-nocache", tmp, upstream.url, {"prefix_cache": {"max_bytes_mb": 0}}
+            ),
             "litellm": lambda: start_litellm(tmp, upstream.url, args.litellm_upgrade),
         }
         for name, start in starters.items():
@@ -783,24 +789,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def session_test(gen: LoadGen, tmp: Path, upstream: str, plan: Plan, live: list[Arm]) -> dict[str, Any]:
-    """The agent session of :func:`workloads.session_bodies` on every live arm and on a fresh
-    ``loopguard-nocache`` (default guards, ``prefix_cache.max_bytes_mb: 0``), one arm after the
+    """The agent session of :func:`workloads.session_bodies` on every live arm, one after the
     other. Per arm: the added latency of each request over direct's for the same request, and the
     medians of its first and last 10% of requests."""
     start, end, requests = plan.session
-    arms = list(live)
-    extra: Arm | None = None
-    try:
-        extra = start_loopguard("loopguard-nocache", tmp, upstream, {"prefix_cache": {"max_bytes_mb": 0}})
-        arms.append(extra)
-    except Exception as e:
-        log(f"loopguard-nocache: not run: {e}")
     lat: dict[str, dict[str, Any]] = {}
-    for a in arms:
+    for a in live:
         cmd = {"op": "session", "url": a.url, "start": start, "end": end, "requests": requests}
         lat[a.name] = gen.call(cmd)
-    if extra is not None:
-        stop(extra)
     direct = lat.get("direct", {}).get("lat") or []
     out: dict[str, Any] = {"start_bytes": start, "end_bytes": end}
     for name, r in lat.items():
@@ -879,7 +875,7 @@ def _cell(result: dict[str, Any], cell: str, arm: str, key: str) -> float | None
 def ratios(result: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for w in WORKLOADS:
-        for lg in ("loopguard", "loopguard-off"):
+        for lg in ("loopguard", "loopguard-nocache", "loopguard-off"):
             for other in ("bare", "litellm"):
                 out[f"{lg}/{other} req/s {w}/c16"] = div(
                     _cell(result, f"{w}/c16", lg, "rps"), _cell(result, f"{w}/c16", other, "rps")
@@ -1130,11 +1126,11 @@ def report(res: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     rt = res["ratios"]
-    for lg in ("loopguard", "loopguard-off"):
+    for lg in ("loopguard", "loopguard-nocache", "loopguard-off"):
         for other in ("bare", "litellm"):
             vals = [rt.get(f"{lg}/{other} req/s {w}/c16") for w in WORKLOADS]
             lines.append(f"| {lg} / {other} | " + " | ".join(f"{f(v)}×" if v else "—" for v in vals) + " |")
-    lines += ["", "## Targets (issue 6)", "", "| target | result | measured |", "|---|---|---|"]
+    lines += ["", "## Targets (issues 6 and 15)", "", "| target | result | measured |", "|---|---|---|"]
     for t in res["targets"]:
         lines.append(f"| {t['target']} | **{t['result']}** | {t['measured']} |")
     errs = [
