@@ -591,12 +591,13 @@ class PrefixCacheConfig:
     its new messages (issue 15, :mod:`proxy.request.prefix_cache`). Decisions are the same with it
     or without it; it only saves time.
 
-    ``max_bytes_mb`` (128): MiB kept over all conversations (each entry counts its history's JSON
-    bytes twice: an estimate of the bytes plus the parse state); the least recently used
-    conversation is dropped first. 0 = off (every request reads its whole history).
+    ``max_bytes_mb`` (32): MiB kept over all conversations (each entry counts its history's JSON
+    bytes plus an estimate of its parse state: :func:`proxy.request.prefix_cache.entry_size`); the
+    least recently used conversation is dropped first. 0 = off (every request reads its whole
+    history).
     """
 
-    max_bytes_mb: float = 128.0
+    max_bytes_mb: float = 32.0
 
     def check(self, path: str) -> None:
         if not self.max_bytes_mb >= 0:
