@@ -21,7 +21,9 @@ from proxy.transcript import Transcript
 
 
 class Dialect(Protocol):
-    """What the request side needs of a dialect module."""
+    """What the request side needs of a dialect module. ``ITEMS`` and ``Fold`` are for
+    :mod:`proxy.request.prefix_cache`: a dialect without them is read in full on every request
+    (and its ``apply`` is then called without ``spans``)."""
 
     PATH_SUFFIX: str
     #: the top-level member that holds the history

@@ -138,10 +138,13 @@ def read(
 
     Raises what ``dialect.parse_request`` raises (:class:`proxy.errors.DialectError`).
     """
-    listed = body.get(dialect.ITEMS)
-    if cache is None or not isinstance(listed, list):
+    member: str | None = getattr(dialect, "ITEMS", None)
+    if cache is None or member is None or not hasattr(dialect, "Fold"):  # a dialect without a fold
         return dialect.parse_request(body), None
-    start = jsonbody.member_start(raw, jsonbody.root(raw), dialect.ITEMS, body)
+    listed = body.get(member)
+    if not isinstance(listed, list):
+        return dialect.parse_request(body), None
+    start = jsonbody.member_start(raw, jsonbody.root(raw), member, body)
     if start is None or raw[start : start + 1] != b"[":
         return dialect.parse_request(body), None
     kept = cache.get(dialect.PATH_SUFFIX, key)
@@ -165,7 +168,7 @@ def read(
     else:
         cache.stats.hits += 1
     assert spans is not None
-    if len(spans) != len(listed) or dialect.ITEMS in jsonbody.keys_after(raw, end, body):
+    if len(spans) != len(listed) or member in jsonbody.keys_after(raw, end, body):
         return dialect.parse_request(body), None  # the member given twice: decoders read the last
     transcript = fold.finish(len(listed))
     if spans:

@@ -105,7 +105,13 @@ def decide_request(
         actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
-    out = dialect.apply(raw, actions, body, spans) if actions else None
+    out = None
+    if actions:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
+        out = (
+            dialect.apply(raw, actions, body, spans)
+            if spans is not None
+            else dialect.apply(raw, actions, body)
+        )
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
     return RequestDecision(out, actions, True, key, model, stream, transcript)
