@@ -4,7 +4,8 @@
   of the step's last tool result); ``delivery`` is ``"user"`` (a new user message) or
   ``"tool_suffix"`` (appended to that tool result); ``call`` is the ``seq`` of the call it is
   about (None for reminders about text or time), read by the escalation ladder.
-- :class:`Withhold` replaces the content of the tool result at message index ``position``;
+- :class:`Withhold` replaces the content of the tool result at message index ``position`` (only
+  the text inside its ``part``-th ``<tool_response>`` block when ``part`` is set);
   ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
   or ``"cap"``), for stats and the incident log.
 - :class:`Stop` (response side) ends the agent's turn; ``reason`` is ``"denials"`` (a call the
@@ -14,12 +15,22 @@
   or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
 
+- :class:`Repair` (response side) rewrote tool calls the model wrote as text into structured
+  calls (issue 13, ``response.repair_text_tool_calls``).
+
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
+
+``observed`` is True for an action of a rule in observe mode (issue 16,
+:meth:`proxy.ops.config.Config.observed_rules`): decided, logged, counted and recorded like any
+other, but not applied (:func:`mark_observed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -37,6 +48,7 @@ class Remind:
     fresh: bool
     delivery: Delivery = "user"
     call: int | None = None
+    observed: bool = False
     kind: ClassVar[str] = "remind"
 
 
@@ -51,6 +63,10 @@ class Withhold:
     limit: int | None
     fresh: bool
     reason: str = ""
+    #: the result is the ``part``-th ``<tool_response>`` block of that (user) message, a text
+    #: call's result (:mod:`proxy.dialects.text_calls`); None: the whole message content
+    part: int | None = None
+    observed: bool = False
     kind: ClassVar[str] = "withhold"
 
 
@@ -63,7 +79,24 @@ class Stop:
     limit: int | None
     fresh: bool = True
     reason: str = ""
+    observed: bool = False
     kind: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """(issue 13) A chat answer's tool calls written as text, rewritten into structured calls.
+    ``tool``: the first call's name; ``count``: how many calls; ``reason``: the markup's form
+    (``hermes``, ``xml``; ``mixed`` when both)."""
+
+    rule: str
+    tool: str
+    count: int
+    reason: str = ""
+    limit: int | None = None
+    fresh: bool = True
+    observed: bool = False
+    kind: ClassVar[str] = "repair"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +108,21 @@ class Cut:
     reason: str = ""
     applied: bool = True
     fresh: bool = True
+    observed: bool = False
     kind: ClassVar[str] = "cut"
 
 
-Action = Remind | Withhold | Stop | Cut
+Action = Remind | Withhold | Stop | Cut | Repair
+
+
+def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tuple[Action, ...]:
+    """``actions`` with ``observed=True`` on each whose ``rule`` is in ``observed`` (the rules in
+    observe mode), in the same order; the others unchanged (the same objects)."""
+    if not observed:
+        return tuple(actions)
+    return tuple(dataclasses.replace(a, observed=True) if a.rule in observed else a for a in actions)
+
+
+def applied(actions: Iterable[Action]) -> tuple[Action, ...]:
+    """The actions that are applied: those not ``observed``."""
+    return tuple(a for a in actions if not a.observed)

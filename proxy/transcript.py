@@ -8,7 +8,8 @@ Plain frozen data: no I/O, no methods that mutate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -27,6 +28,8 @@ class ToolResult:
     text: str
     is_error: bool | None = None
     pending: bool = False
+    #: a text call's result in a user message: the index of its ``<tool_response>`` block there
+    part: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,12 @@ class Transcript:
     newest_step: int | None
     #: user and assistant messages in order (text as said); empty when the dialect does not say
     said: tuple[Said, ...] = ()
+    #: the tools the request offered, name -> parameters JSON schema (None: it offered none), for
+    #: reading calls written as text (:mod:`proxy.dialects.text_calls`)
+    tools: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: the request's ``tool_choice`` as sent (None: absent), for the repair of calls written as
+    #: text in the answer (:mod:`proxy.response.repair`)
+    tool_choice: Any = field(default=None, compare=False, hash=False)
 
     def is_fresh(self, step: int) -> bool:
         """True when actions on ``step`` are new decisions rather than re-derived ones."""
@@ -108,6 +117,8 @@ def build(
     message_count: int,
     ends_with_step: bool,
     said: list[Said],
+    tools: Mapping[str, Any] | None = None,
+    tool_choice: Any = None,
 ) -> Transcript:
     """A :class:`Transcript` from a dialect's parse state: ``calls`` as :class:`ToolCall` fields,
     ``steps`` as dicts with ``index``, ``position``, ``calls`` (seqs) and ``end``. The newest step is
@@ -121,4 +132,6 @@ def build(
         message_count=message_count,
         newest_step=newest,
         said=tuple(said),
+        tools=tools,
+        tool_choice=tool_choice,
     )

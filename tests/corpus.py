@@ -59,9 +59,10 @@ import yaml
 from aiohttp import web
 
 from proxy.edge.server import start
+from proxy.ops import replay as replay_files
 from proxy.ops.config import Config, ListenConfig, build
 from proxy.ops.observe import configure_logging
-from tests import messages_blocks, responses_items
+from tests import messages_blocks, responses_items, text_form
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURES = ROOT / "tests" / "fixtures" / "loops"
@@ -81,16 +82,12 @@ def fixture_dir() -> Path:
 
 
 def load_fixtures(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id."""
-    d = directory or fixture_dir()
-    out = [orjson.loads(p.read_bytes()) for p in sorted(d.glob("*.json"))]
-    return sorted(out, key=lambda f: _id_key(str(f.get("id", ""))))
+    """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id
+    (:func:`proxy.ops.replay.load_fixtures`, the loader ``loopguard replay`` uses)."""
+    return replay_files.load_fixtures(directory or fixture_dir())
 
 
-def _id_key(fid: str) -> tuple[str, int, str]:
-    head = fid.rstrip("0123456789")
-    tail = fid[len(head) :]
-    return head, int(tail) if tail else -1, fid
+_id_key = replay_files.id_key
 
 
 def default_config() -> dict[str, Any]:
@@ -556,8 +553,53 @@ class MessagesWire(ChatWire):
         return messages_blocks.received_content(raw, stream)
 
 
-#: The dialects a fixture can be replayed in.
-WIRES: dict[str, type[ChatWire]] = {"chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire}
+class TextWire(ChatWire):
+    """Chat completions with every call written as text (issue 13, :mod:`tests.text_form`):
+    ``form`` ``hermes`` or ``xml``, results as ``tool`` messages (``results = "tool"``) or as
+    ``<tool_response>`` user messages (``"user"``); the answers are text too, and the agent
+    receives them as structured calls (the proxy's repair, on by default)."""
+
+    form = "hermes"
+    results = "tool"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.text = text_form.TextForm(self.messages, self.form, self.results)
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        return {**super().request(i, stream), "messages": self.text.before(i)}
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        return super().answer(i, text_form.as_text(self.form, message), stream)
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.text.back(i, body.get("messages") or [])
+
+
+class HermesWire(TextWire):
+    name = "hermes"
+
+
+class XmlWire(TextWire):
+    name = "xml"
+    form = "xml"
+
+
+class XmlUserWire(TextWire):
+    name = "xml_user"
+    form = "xml"
+    results = "user"
+
+
+#: The dialects a fixture can be replayed in (and the text forms of chat completions).
+WIRES: dict[str, type[ChatWire]] = {
+    "chat": ChatWire,
+    "responses": ResponsesWire,
+    "messages": MessagesWire,
+    "hermes": HermesWire,
+    "xml": XmlWire,
+    "xml_user": XmlUserWire,
+}
 
 
 # --- the replay -----------------------------------------------------------------------------------

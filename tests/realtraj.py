@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import structlog
 
+from proxy.ops import replay as replay_files
 from proxy.ops.observe import configure_logging
 from tests.corpus import ROOT, Replay, replay
 from tests.reminder_facts import check_reminder
@@ -57,10 +57,9 @@ def runs_dir() -> Path:
 
 
 def load_runs(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every ``*.json`` run of ``directory`` (default :func:`runs_dir`), sorted by id."""
-    d = directory or runs_dir()
-    runs = [orjson.loads(p.read_bytes()) for p in sorted(d.glob("*.json"))]
-    return sorted(runs, key=lambda r: str(r.get("id", "")))
+    """Every ``*.json`` run of ``directory`` (default :func:`runs_dir`), sorted by id
+    (:func:`proxy.ops.replay.load_runs`, the loader ``loopguard replay`` uses)."""
+    return replay_files.load_runs(directory or runs_dir())
 
 
 @contextmanager

@@ -267,3 +267,34 @@ async def test_sdk_stream_request_is_rewritten_and_the_answer_read(
         want[2 * t]["content"].append({"type": "text", "text": reminder_text(t)})
     want[14]["content"][0]["content"] = DUPLICATE_TEXT.format(tool="read_file", count=7, limit=6)
     assert got["messages"] == want
+
+
+async def test_the_proxys_own_errors_on_messages_have_anthropics_form(make_proxy: ProxyFactory) -> None:
+    """An upstream that is down: a 502 whose body is Anthropic's error object, which the SDK
+    reads into ``APIStatusError.body`` / ``.type`` (on chat paths the body stays OpenAI's)."""
+    import anthropic
+
+    from tests.test_forwarding import closed_port
+
+    base = await make_proxy(upstream_url=f"http://127.0.0.1:{closed_port()}/v1")
+    client = AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+    try:
+        try:
+            await client.messages.create(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            )
+        except anthropic.APIStatusError as exc:
+            err = exc
+        else:
+            raise AssertionError("no error raised")
+    finally:
+        await client.close()
+    assert err.status_code == 502
+    assert err.body == {
+        "type": "error",
+        "error": {
+            "type": "upstream_unreachable",
+            "message": err.body["error"]["message"],  # type: ignore[index]
+        },
+    }
+    assert err.body["error"]["message"].startswith("loopguard: upstream http://127.0.0.1:")  # type: ignore[index]

@@ -16,11 +16,28 @@ RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache"}
 ALL_ARMS = RUN_ARMS | {"litellm"}
 CELLS = {f"{w}/c{c}" for w in ("small", "agent", "stream") for c in (1, 16)}
 FIGURES = {
-    "n", "errors", "first_error", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "rps", "cpu_s_per_1k",
+    "n",
+    "errors",
+    "first_error",
+    "p50_ms",
+    "p99_ms",
+    "added_p50_ms",
+    "added_p99_ms",
+    "rps",
+    "cpu_s_per_1k",
 }
 STREAM_FIGURES = FIGURES | {
-    "ttfb_p50_ms", "ttfb_p99_ms", "added_ttfb_p50_ms", "added_ttfb_p99_ms", "gap_p50_ms", "gap_p99_ms",
-    "added_gap_p50_ms", "added_gap_p99_ms", "events_min", "events_max", "merged_read_fraction",
+    "ttfb_p50_ms",
+    "ttfb_p99_ms",
+    "added_ttfb_p50_ms",
+    "added_ttfb_p99_ms",
+    "gap_p50_ms",
+    "gap_p99_ms",
+    "added_gap_p50_ms",
+    "added_gap_p99_ms",
+    "events_min",
+    "events_max",
+    "merged_read_fraction",
 }
 
 
@@ -33,7 +50,11 @@ def test_bench_smoke_gives_every_arm_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     res = json.loads(out.read_text())

@@ -80,6 +80,7 @@ def test_default_config_sections_match_design(section: str, expected: Any) -> No
 
 def test_default_repeat_reminder_matches_design() -> None:
     assert to_plain(Config().guards.repeat_reminder) == {
+        "mode": "enforce",
         "enabled": True,
         "thresholds": [3, 5, 8],
         "include": [],

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from proxy.dialects import openai_chat
 from tests import messages_blocks
-from tests.corpus import Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
+from tests.corpus import WIRES, Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
 from tests.responses_items import back_to_messages, trace_items
 
 FIXTURES = load_fixtures()
@@ -51,6 +52,42 @@ async def test_responses_form_acts_at_the_same_calls_as_chat_form(stream: bool) 
     assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(
         differences
     )
+
+
+@pytest.mark.parametrize("form", ["hermes", "xml", "xml_user"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_text_form_acts_at_the_same_calls_as_structured_form(stream: bool, form: str) -> None:
+    """Issue 13: every fixture with its calls written as text (hermes blocks, or Qwen3-Coder XML;
+    results as tool messages, or for ``xml_user`` as ``<tool_response>`` user messages), the
+    answers too, gets the same actions at the same calls, by the same rules, as in structured
+    form: the request side reads the text calls, and the agent receives the answers' calls
+    repaired, judged like structured ones."""
+    chat = await _all(stream)
+    text = await _all(stream, form)
+    print(f"\ncorpus gate ({'sse' if stream else 'json'}), {form} text form:\n{table(text)}")
+    differences = compare(chat, text)
+    assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(
+        differences
+    )
+
+
+@pytest.mark.parametrize("form", ["hermes", "xml", "xml_user"])
+@pytest.mark.parametrize("fx", FIXTURES, ids=[str(fx["id"]) for fx in FIXTURES])
+def test_text_form_reads_back_as_the_fixture(fx: dict[str, Any], form: str) -> None:
+    """With nothing changed on the way, every request in text form reads back as the chat
+    messages it came from, and the chat dialect reads the same calls and results from it."""
+    wire = WIRES[form](fx)
+    messages = fx["messages"]
+    asked = [i for i, m in enumerate(messages) if m["role"] == "assistant"] + [len(messages)]
+    for i in asked:  # the requests the replay sends: before each assistant message, and after all
+        sent = wire.request(i, False)
+        assert wire.arrived(i, sent) == messages[:i]
+        structured = openai_chat.parse_request({**sent, "messages": messages[:i]})
+        written = openai_chat.parse_request(sent)
+        assert [(c.name, c.position >= 0, c.result is not None) for c in written.calls] == [
+            (c.name, True, c.result is not None) for c in structured.calls
+        ]
+        assert written.newest_step == structured.newest_step
 
 
 @pytest.mark.parametrize("fx", FIXTURES, ids=[str(fx["id"]) for fx in FIXTURES])

@@ -113,6 +113,36 @@ def test_a_new_result_after_the_reminders_is_progress_and_passes() -> None:
     assert [a for a in actions(h) if isinstance(a, Withhold)] == []
 
 
+def poll(step: int) -> tuple[str, dict[str, Any], str]:
+    return ("bash", {"command": "sleep 1; tail -n1 build.log"}, f"step {step} of 30")
+
+
+def test_a_job_polled_with_one_command_whose_output_moves_on_is_never_withheld() -> None:
+    """A build that advances every 3 polls (0,0,0,3,3,3,6,…): each run of equal results gets its
+    reminder, but a new result sets the ladder back, so nothing is withheld and no stop comes
+    (a new user's tryout with Claude Code: the 8th poll was withheld, the 9th stopped)."""
+    h = History().steps([poll(3 * (i // 3)) for i in range(15)])
+    got = described(h)
+    assert [g for g in got if g[1] != "remind"] == []
+    assert stop_of(h, AssembledCall("c", "bash", json.dumps(poll(0)[1]), 0)) is None
+
+
+def test_after_the_output_stops_moving_the_ladder_counts_again() -> None:
+    """The same job once it hangs at step 6: the ladder counts only the reminders after the last
+    new result, so it acts two reminders after the job stopped moving."""
+    h = History().steps([poll(min(3 * (i // 3), 6)) for i in range(16)])
+    got = described(h)
+    # reminders at 3, 6 (moving), 9 and 11 (stuck from the 7th poll); the ladder withholds the
+    # 12th, two reminders after the output stopped; the breaker counts from the last new result
+    # (the 7th poll: 6 duplicates after it, the 14th is the 7th)
+    assert [n for n, k, _ in got if k == "remind"] == [3, 6, 9, 11, 14]
+    assert [(n, r) for n, k, r in got if k == "withhold"][:3] == [
+        (12, "escalation"),
+        (13, "escalation"),
+        (14, "circuit_breaker"),
+    ]
+
+
 def test_a_rewritten_call_after_the_withhold_is_not_stopped() -> None:
     """The ladder stops a drifting repeat, not a new approach on the same target (seen in the
     real run coder-django__django-12915-3-programmer, call 15: a rewritten edit after a withheld
@@ -185,6 +215,23 @@ def test_drifting_arguments_reminded_at_3_and_5_withheld_at_6() -> None:
         "Changing the arguments this way does not change the result. Use the result you already "
         "have, do something different, or tell the user what is blocking you."
     )
+
+
+def test_calls_that_differ_only_in_a_description_get_one_kind_of_reminder() -> None:
+    """Claude Code's Bash calls carry a ``description`` that may change every time: to
+    repeat_reminder (which ignores it) they are one call; same_target compares them the same way,
+    so the model never reads "the same call" and "different arguments each time" together."""
+    h = History().steps(
+        [
+            ("bash", {"command": "cat notes.txt", "description": f"Read the notes ({i})"}, "n")
+            for i in range(6)
+        ]
+    )
+    assert described(h) == [
+        (3, "remind", "repeat_reminder"),
+        (5, "remind", "repeat_reminder"),
+        (6, "withhold", "escalation"),
+    ]
 
 
 def test_drifting_repeat_after_the_withhold_ends_the_turn() -> None:

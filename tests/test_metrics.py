@@ -42,7 +42,8 @@ async def test_metrics_count_requests_actions_and_added_latency(upstream: FakeUp
     assert samples[("loopguard_guarded_requests_total", ())] == 5
     # Requests 4 and 5 carry the reminder after call 3 (re-injected); request 5 is not yet at 5.
     assert samples[("loopguard_rewritten_requests_total", ())] == 2
-    assert samples[("loopguard_actions_total", (("kind", "remind"), ("rule", "repeat_reminder")))] == 1
+    key = ("loopguard_actions_total", (("kind", "remind"), ("mode", "enforce"), ("rule", "repeat_reminder")))
+    assert samples[key] == 1
     assert samples[("loopguard_internal_errors_total", ())] == 0
     assert samples[("loopguard_upstream_errors_total", ())] == 0
     assert samples[("loopguard_added_latency_seconds_count", ())] == 6

@@ -72,7 +72,8 @@ def text_only(texts: list[str], answers: list[str], tools: bool = True) -> Histo
             id="same_narration_while_paging_is_progress",
         ),
         pytest.param(
-            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            History()
+            .step(("read_file", {"path": "a.py"}, "x"), text=SAME)
             .step(("read_file", {"path": "b.py"}, "y"), text=SAME)
             .step(("read_file", {"path": "c.py"}, "z"), text=SAME),
             {},
@@ -80,7 +81,8 @@ def text_only(texts: list[str], answers: list[str], tools: bool = True) -> Histo
             id="same_narration_over_new_results_is_progress",
         ),
         pytest.param(
-            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            History()
+            .step(("read_file", {"path": "a.py"}, "x"), text=SAME)
             .step(("read_file", {"path": "b.py"}, "x"), text=SAME)
             .step(("read_file", {"path": "c.py"}, "x"), text=SAME),
             {},
@@ -88,7 +90,8 @@ def text_only(texts: list[str], answers: list[str], tools: bool = True) -> Histo
             id="same_narration_and_nothing_new_came_back",
         ),
         pytest.param(
-            History().step(("read_file", {"path": "a.py"}, "x"), text=SAME)
+            History()
+            .step(("read_file", {"path": "a.py"}, "x"), text=SAME)
             .step(("grep", {"q": "a"}, "x"), text=SAME)
             .step(("read_file", {"path": "a.py"}, "x"), text=SAME),
             {},
@@ -117,9 +120,7 @@ def text_only(texts: list[str], answers: list[str], tools: bool = True) -> Histo
             [],
             id="plain_chat_continue_is_never_a_monologue",
         ),
-        pytest.param(
-            text_only([SAME] * 4, [HARNESS] * 4, False), {}, [], id="no_tool_calls_at_all_nothing"
-        ),
+        pytest.param(text_only([SAME] * 4, [HARNESS] * 4, False), {}, [], id="no_tool_calls_at_all_nothing"),
         pytest.param(
             text_only(["a", "b", "c"], ["Please fix x.", "Now y.", "And z."]), {}, [], id="ordinary_chat"
         ),

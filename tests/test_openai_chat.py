@@ -581,7 +581,7 @@ def test_apply_output_decodes_with_big_integers_exact() -> None:
 )
 def test_apply_finds_the_same_spans_with_and_without_the_decoded_body(dumps: Any) -> None:
     body = base_body()
-    body["messages"][3]["content"] = "r1 \u00e9 \U0001f600 \"q\" \\ \n"
+    body["messages"][3]["content"] = 'r1 \u00e9 \U0001f600 "q" \\ \n'
     raw = dumps(body)
     actions = [withhold(3, "denied"), remind(4, "R", "tool_suffix"), remind(6, "X")]
     out = apply_bytes(raw, actions, orjson.loads(raw))

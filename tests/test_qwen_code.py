@@ -9,10 +9,8 @@ XML in ``content``, ``finish_reason: "stop"``) or, for the controls, with struct
 
 - repair off (what users get today): the text call never runs, Qwen Code prints the markup as its
   answer and stops after one request.
-- repair on (``response.repair_text_tool_calls``, issue 13, branch text-calls): the call runs, and
-  a repeated one is guarded like a structured one, with the same numbers. These tests are marked
-  xfail while loopguard has no such key; their numbers were measured on a scratch merge with
-  text-calls (ec23259), where all of them pass.
+- repair on (``response.repair_text_tool_calls``, the default): the call runs, and a repeated one
+  is guarded like a structured one, with the same numbers.
 - controls (structured calls; no repair needed): a repeated identical call is ended by Qwen Code's
   own guard at the 5th call, after loopguard's reminder reached the model; a period-2 cycle,
   which Qwen Code does not see, is ended by loopguard.
@@ -29,7 +27,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.ops.config import ResponseConfig
 from tests.conftest import ProxyFactory
 from tests.fake_qwen_server import (
     Answer,
@@ -50,18 +47,9 @@ B_TEXT = "hello from b\n"
 #: What Qwen Code's read_file gives for a file it already read and that has not changed.
 UNCHANGED = "[File a.txt unchanged since last read in this session"
 
-#: Whether this loopguard has the response-side repair (issue 13; not on main yet).
-HAS_REPAIR = "repair_text_tool_calls" in {f.name for f in dataclasses.fields(ResponseConfig)}
-NEEDS_REPAIR = pytest.mark.xfail(
-    not HAS_REPAIR, reason="needs repair_text_tool_calls (issue 13, branch text-calls)", strict=False
-)
 
-
-def repair(on: bool) -> dict[str, Any] | None:
-    """The loopguard config with the repair on or off (None = the default config: on where the
-    key exists; on a loopguard without the key there is no repair at all, which is "off")."""
-    if not HAS_REPAIR:
-        return None
+def repair(on: bool) -> dict[str, Any]:
+    """The loopguard config with the repair on or off."""
     return {"response": {"repair_text_tool_calls": on}}
 
 
@@ -314,10 +302,9 @@ async def test_text_call_without_repair_never_runs(
     assert s.stats.get("responses_repaired", 0) == 0
 
 
-# --- repair on (issue 13; xfail until branch text-calls is merged) --------------------------------
+# --- repair on (issue 13, the default) -----------------------------------------------------------
 
 
-@NEEDS_REPAIR
 @pytest.mark.parametrize("fmt", ["xml", "hermes"])
 async def test_repaired_text_call_runs_in_qwen_code(
     qwen: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path, fmt: str
@@ -339,7 +326,6 @@ async def test_repaired_text_call_runs_in_qwen_code(
     assert (s.stats["responses_repaired"], s.stats["text_calls_repaired"]) == (1, 1)
 
 
-@NEEDS_REPAIR
 async def test_repaired_same_call_is_guarded_like_a_structured_one(
     qwen: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
 ) -> None:
@@ -359,7 +345,6 @@ async def test_repaired_same_call_is_guarded_like_a_structured_one(
     assert (s.stats["responses_repaired"], s.stats["reminders_injected"], s.stats["stops"]) == (5, 1, 0)
 
 
-@NEEDS_REPAIR
 async def test_repaired_cycle_is_ended_by_loopguard(
     qwen: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
 ) -> None:

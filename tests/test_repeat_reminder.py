@@ -181,7 +181,7 @@ def tool_pos(step: int) -> int:
             ["go", READ_A, READ_A, "keep going", READ_A, READ_A],
             {"progress_aware": False},
             [],
-            id="seed_counting_any_user_message_resets"
+            id="seed_counting_any_user_message_resets",
         ),
         pytest.param(
             ["go", READ_A, READ_A, "Check the imports in it as well.", READ_A, READ_A, READ_A],

@@ -94,7 +94,7 @@ def guard(**settings: Any) -> RepeatedFailure:
             [diff("a"), diff("a", "ERROR: apply_diff failed: the SEARCH block was not found (12% similar)")],
             {},
             [],
-            id="same_call_new_error_text_is_not_the_same_result"
+            id="same_call_new_error_text_is_not_the_same_result",
         ),
         pytest.param([diff("a", OK), diff("a", OK)], {}, [], id="identical_after_success"),
         pytest.param([diff("a"), diff("a")], {"reissue": False}, [], id="reissue_off"),

@@ -12,11 +12,13 @@ from proxy.ops.config import Config, build, to_plain
 
 def test_defaults_match_the_issue() -> None:
     plain = to_plain(Config())
-    assert plain["stop"] == {"after_ignored_denials": 2, "on_cap": True, "message": ""}
+    assert plain["stop"] == {"after_ignored_denials": 2, "on_cap": True, "message": "", "mode": "enforce"}
     assert plain["response"] == {
         "max_calls_per_response": 32,
         "max_identical_per_response": 2,
         "degenerate_text": {"enabled": True, "min_repeats": 10, "min_chars": 200, "max_period": 500},
+        "repair_text_tool_calls": True,  # issue 13
+        "mode": "enforce",
     }
 
 
@@ -26,6 +28,7 @@ def test_defaults_match_the_issue() -> None:
         ({"stop": {"after_ignored_denials": -1}}, "stop.after_ignored_denials"),
         ({"stop": {"after_ignored_denials": 1.5}}, "stop.after_ignored_denials"),
         ({"stop": {"on_cap": "yes"}}, "stop.on_cap"),
+        ({"response": {"repair_text_tool_calls": "no"}}, "response.repair_text_tool_calls"),
         ({"stop": {"message": "looped on {tool} {oops}"}}, "stop.message"),
         ({"stop": {"message": "unbalanced {"}}, "stop.message"),
         ({"stop": {"after": 2}}, "stop.after"),

@@ -8,6 +8,9 @@ its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`
 Anthropic Messages). Every other path is plain passthrough (``/v1/messages/count_tokens``,
 ``/v1/models``, …). The suffixes end in different words, so at most one matches a path and the
 order of the registry does not matter; the query string is never part of the path.
+
+Chat and Responses read tool calls written as text in assistant messages
+(:mod:`proxy.dialects.text_calls`, issue 13) as steps like structured ones.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ class Dialect(Protocol):
         spans: Sequence[tuple[int, int]] | None = None,
     ) -> bytes | None: ...
 
-    #: ``Fold()``: the transcript read one history item at a time (``feed(pos, item)``,
-    #: ``copy()``, ``finish(count)``); ``parse_request`` folds over every item
-    Fold: Callable[[], Any]
+    #: ``Fold(tools)``: the transcript read one history item at a time, against the request's
+    #: offered tools (:func:`proxy.dialects.text_calls.offered_tools`) (``feed(pos, item)``,
+    #: ``copy()``, ``finish(count, tool_choice)``); ``parse_request`` folds over every item
+    Fold: Callable[[Any], Any]
 
 
 #: In lookup order; the first whose ``PATH_SUFFIX`` ends the request path wins.

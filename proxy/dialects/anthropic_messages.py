@@ -159,11 +159,15 @@ def parse_request(body: Any) -> Transcript:
 class Fold:
     """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
-    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`)."""
+    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
+
+    ``tools`` (here) and ``tool_choice`` (:meth:`finish`) are taken as every dialect's fold takes
+    them (:class:`proxy.dialects.Dialect`) and not read: Messages calls are ``tool_use`` blocks,
+    read the same whatever the request offers."""
 
     __slots__ = ("calls", "last_kind", "pending", "positions", "said", "steps", "texts", "turn", "users")
 
-    def __init__(self) -> None:
+    def __init__(self, tools: Any = None) -> None:
         self.calls: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.users: list[int] = []
@@ -188,7 +192,7 @@ class Fold:
         out.positions = self.positions
         return out
 
-    def finish(self, message_count: int) -> Transcript:
+    def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
         """The transcript of the messages fed (``message_count`` of them; its positions are
         slots, so the count it keeps is theirs)."""
         return build(

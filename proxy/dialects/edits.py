@@ -13,17 +13,20 @@ numbers and whitespace included, leaves as it came.
   part, anything else (null, ``""``, missing) becomes the text. Reminders for one position are
   merged into one text, joined by a blank line, in action order; a suffix goes after a denial.
 - Actions whose position does not exist are ignored.
+- A withhold of one ``<tool_response>`` block of a message (``Withhold.part``, a text call's
+  result) is turned into a withhold of that message by :func:`whole_results` first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
-from proxy.dialects import jsonbody
+from proxy.dialects import jsonbody, text_calls
 
 #: (start, end, replacement bytes): one edit of :func:`proxy.dialects.jsonbody.splice`.
 Edit = tuple[int, int, bytes]
@@ -128,3 +131,41 @@ def apply(
             end = spans[after][1]
             out.append((end, end, b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))))
     return jsonbody.splice(raw, out)
+
+
+def whole_results(
+    actions: Sequence[Action], items: Any, text_of: Callable[[dict[str, Any]], str]
+) -> list[Action]:
+    """Withholds of ``<tool_response>`` blocks (``part`` set: a text call's result in a user
+    message, :mod:`proxy.dialects.text_calls`) as withholds of their whole item: its text
+    (``text_of(item)``) with each withheld block's inner text replaced (the first action per block
+    gives the text), one action per item, at the place of its first. An item that is not there or
+    no longer has the block is left alone. ``items``: the request's history list."""
+    by_pos: dict[int, dict[int, str]] = {}
+    for a in actions:
+        if isinstance(a, Withhold) and a.part is not None:
+            by_pos.setdefault(a.position, {}).setdefault(a.part, a.text)
+    out: list[Action] = []
+    done: set[int] = set()
+    for a in actions:
+        if not (isinstance(a, Withhold) and a.part is not None):
+            out.append(a)
+            continue
+        if a.position in done:
+            continue
+        done.add(a.position)
+        item = items[a.position] if isinstance(items, list) and 0 <= a.position < len(items) else None
+        text = text_of(item) if isinstance(item, dict) else ""
+        spans = text_calls.response_spans(text)
+        parts = by_pos[a.position]
+        if any(p >= len(spans) for p in parts):
+            continue
+        pieces: list[str] = []
+        last = 0
+        for k, (start, end) in enumerate(spans):
+            if k in parts:
+                pieces += [text[last:start], parts[k]]
+                last = end
+        pieces.append(text[last:])
+        out.append(dataclasses.replace(a, text="".join(pieces), part=None))
+    return out

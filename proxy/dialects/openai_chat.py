@@ -10,17 +10,36 @@ Writes (:func:`apply`): withheld results get their content replaced by the denia
 parts becomes that string); reminders become one ``user`` message per step inserted right after the
 step's last tool result, or are appended to that result (``tool_suffix``). Several reminders for
 one step are merged into one message, texts joined by a blank line, in action order.
+
+Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`): an assistant message
+without structured calls whose content (a string, or its text parts joined) holds complete call
+blocks is a step with those calls (no ids; their text is what comes before the first block). Only
+the offered ``tools`` are calls when the request has ``tools``; without ``tools`` (agents that read
+calls from text themselves) any well-formed name is. Their results come back
+
+- as ``tool`` messages: matched in order (no ids to match by: the oldest call of the latest step
+  still without a result; a ``tool_call_id`` the step does not know is matched the same way), or
+- as one ``user`` message right after the step (or its tool messages) made only of
+  ``<tool_response>…</tool_response>`` blocks, one per call in order (the Qwen templates' own form):
+  that message is the step's results, not a user turn. A user message with anything else in it is
+  what the user said, whatever tags it quotes.
+
+A withheld result there has only its block's inner text replaced (the rest of the message, other
+blocks included, is kept); a reminder after it is a ``user`` message after that message (with
+``tool_suffix``, appended to its content: after the last ``</tool_response>``), so the template
+still renders the results as results. A conversation mixing structured and text calls is one
+sequence of steps.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.actions import Action
+from proxy.actions import Action, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
@@ -50,20 +69,25 @@ def parse_request(body: Any) -> Transcript:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise DialectError("messages is not a list")
-    fold = Fold()
+    fold = Fold(text_calls.offered_tools(body))
     for pos, msg in enumerate(messages):
         fold.feed(pos, msg)
-    return fold.finish(len(messages))
+    return fold.finish(len(messages), body.get("tool_choice"))
 
 
 class Fold:
     """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
-    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`)."""
+    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
 
-    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "turn", "users")
+    ``tools``: the request's offered tools (:func:`proxy.dialects.text_calls.offered_tools`): calls
+    written as text are read against them, so the state after a prefix holds only for a request
+    offering the same tools."""
 
-    def __init__(self) -> None:
+    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "tools", "turn", "users")
+
+    def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
+        self.tools = tools
         self.calls: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.users: list[int] = []
@@ -75,7 +99,7 @@ class Fold:
 
     def copy(self) -> Fold:
         """An independent copy (feeding either never changes the other)."""
-        out = Fold()
+        out = Fold(self.tools)
         out.calls = [dict(c) for c in self.calls]
         out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
         out.users = list(self.users)
@@ -86,10 +110,18 @@ class Fold:
         out.last_kind = self.last_kind
         return out
 
-    def finish(self, message_count: int) -> Transcript:
-        """The transcript of the ``message_count`` messages fed."""
+    def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
+        """The transcript of the ``message_count`` messages fed; ``tool_choice``: the request's."""
         return build(
-            self.calls, self.steps, self.users, self.texts, message_count, self.last_kind == "step", self.said
+            self.calls,
+            self.steps,
+            self.users,
+            self.texts,
+            message_count,
+            self.last_kind == "step",
+            self.said,
+            self.tools,
+            tool_choice,
         )
 
     def feed(self, pos: int, msg: Any) -> None:
@@ -99,9 +131,19 @@ class Fold:
         calls, steps, pending = self.calls, self.steps, self.pending
         role = msg.get("role")
         if role == "user":
+            text = content_text(msg.get("content"))
+            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
+            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
+            if results is not None:  # the results of the text calls before it, not a user turn
+                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
+                    calls[seq]["result"] = ToolResult(pos, result, part=part)
+                    pending[None].remove(seq)
+                    step = steps[calls[seq]["step"]]
+                    step["end"] = pos
+                return
             self.turn += 1
             self.users.append(pos)
-            self.said.append(Said(pos, "user", content_text(msg.get("content"))))
+            self.said.append(Said(pos, "user", text))
             self.last_kind = "user"
         elif role == "assistant":
             text = content_text(msg.get("content"))
@@ -121,9 +163,18 @@ class Fold:
             fc = msg.get("function_call")
             if not entries and isinstance(fc, dict):
                 entries.append((None, fc.get("name"), fc.get("arguments")))
+            written = None
+            if not entries and ("<tool_call>" in text or "<function=" in text):
+                written = text_calls.find_calls(text, self.tools)
+            if written is not None:  # calls written as text (issue 13)
+                entries = [(None, c.name, c.arguments) for c in written.calls]
+                text = written.text
+                if self.texts and self.texts[-1] == pos and not text.strip():
+                    self.texts.pop()
             self.said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None}
+                step["text"] = written is not None
                 steps.append(step)
                 for cid, name, raw in entries:
                     seq = len(calls)
@@ -151,7 +202,7 @@ class Fold:
             seq = None
             if queue:
                 seq = queue.popleft()
-            elif steps and (cid is None or role == "function"):
+            elif steps and (cid is None or role == "function" or steps[-1].get("text")):
                 # No id: answer the oldest call of the latest step still waiting for a result.
                 for s in steps[-1]["calls"]:
                     if calls[s]["result"] is None:
@@ -166,6 +217,13 @@ class Fold:
                 self.last_kind = "other"
         else:
             self.last_kind = "other"
+
+
+def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+    """The seqs of the latest step's calls still without a result, when it is a text step."""
+    if not steps or not steps[-1].get("text"):
+        return []
+    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).
@@ -186,4 +244,9 @@ def apply(
     ``body``: ``raw`` decoded, when the caller has it; ``spans``: the messages' byte spans, when
     known. Rules: :func:`proxy.dialects.edits.apply`.
     """
+    if any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        if body is None:
+            body = jsonbody.decode(raw)
+        messages = body.get("messages") if isinstance(body, dict) else None
+        actions = edits.whole_results(actions, messages, lambda m: content_text(m.get("content")))
     return edits.apply(raw, actions, body, WIRE, spans)

@@ -12,6 +12,11 @@ indexes into that list.
   the run of call items between other items (``reasoning`` items inside the run do not split it).
 - ``function_call_output`` / ``custom_tool_call_output`` (``call_id``, ``output`` a string or
   parts) are results, matched by ``call_id`` (the first call still waiting with that id).
+- Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`) in an assistant
+  ``message`` item's text are a step of their own at that item, read as the chat dialect reads
+  them (:mod:`proxy.dialects.openai_chat`): results in a user ``message`` item made only of
+  ``<tool_response>`` blocks (no turn), a withhold replacing the text inside its block (the item's
+  ``content`` then becomes that string). The answers' side is not repaired in this dialect.
 - ``reasoning`` and every other item type (``web_search_call``, ``local_shell_call``, …) pass
   through unread. ``instructions`` is not part of the history.
 
@@ -32,12 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits, jsonbody
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
@@ -89,16 +94,20 @@ def parse_request(body: Any) -> Transcript:
     if not isinstance(items, list):
         raise DialectError("input is neither a string nor a list")
 
-    fold = Fold()
+    fold = Fold(text_calls.offered_tools(body))
     for pos, item in enumerate(items):
         fold.feed(pos, item)
-    return fold.finish(len(items))
+    return fold.finish(len(items), body.get("tool_choice"))
 
 
 class Fold:
     """The transcript of an item list read one item at a time (issue 15): :func:`parse_request`
     is ``feed`` over every item then ``finish``. :meth:`copy` keeps the state after a prefix, so a
-    request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`)."""
+    request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
+
+    ``tools``: the request's offered tools (:func:`proxy.dialects.text_calls.offered_tools`): calls
+    written as text are read against them, so the state after a prefix holds only for a request
+    offering the same tools."""
 
     __slots__ = (
         "calls",
@@ -109,11 +118,13 @@ class Fold:
         "said",
         "steps",
         "texts",
+        "tools",
         "turn",
         "users",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
+        self.tools = tools
         self.calls: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.users: list[int] = []
@@ -127,7 +138,7 @@ class Fold:
 
     def copy(self) -> Fold:
         """An independent copy (feeding either never changes the other)."""
-        out = Fold()
+        out = Fold(self.tools)
         out.calls = [dict(c) for c in self.calls]
         out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
         out.users = list(self.users)
@@ -140,10 +151,18 @@ class Fold:
         out.previous = self.previous
         return out
 
-    def finish(self, item_count: int) -> Transcript:
-        """The transcript of the ``item_count`` items fed."""
+    def finish(self, item_count: int, tool_choice: Any = None) -> Transcript:
+        """The transcript of the ``item_count`` items fed; ``tool_choice``: the request's."""
         return build(
-            self.calls, self.steps, self.users, self.texts, item_count, self.last_kind == "step", self.said
+            self.calls,
+            self.steps,
+            self.users,
+            self.texts,
+            item_count,
+            self.last_kind == "step",
+            self.said,
+            self.tools,
+            tool_choice,
         )
 
     def feed(self, pos: int, item: Any) -> None:
@@ -199,18 +218,58 @@ class Fold:
                 self.last_kind = "other"
             return
         if kind == "message" and item.get("role") == "user":
+            text = content_text(item.get("content"))
+            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
+            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
+            if results is not None:  # the results of the text calls before it, not a user turn
+                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
+                    calls[seq]["result"] = ToolResult(pos, result, part=part)
+                    pending[None].remove(seq)
+                    steps[calls[seq]["step"]]["end"] = pos
+                return
             self.turn += 1
             self.users.append(pos)
-            said.append(Said(pos, "user", content_text(item.get("content"))))
+            said.append(Said(pos, "user", text))
             self.last_kind = "user"
         elif kind == "message" and item.get("role") == "assistant":
             text = content_text(item.get("content"))
+            written = None
+            if "<tool_call>" in text or "<function=" in text:
+                written = text_calls.find_calls(text, self.tools)
+            if written is not None:  # calls written as text (issue 13): a step of their own
+                text = written.text
+                step = {"index": len(steps), "position": pos, "calls": [], "end": None, "text": True}
+                steps.append(step)
+                for c in written.calls:
+                    seq = len(calls)
+                    calls.append(
+                        {
+                            "seq": seq,
+                            "step": step["index"],
+                            "turn": self.turn,
+                            "position": pos,
+                            "call_id": None,
+                            "name": c.name,
+                            "arguments_raw": c.arguments,
+                            "arguments": c.arguments,
+                            "result": None,
+                        }
+                    )
+                    step["calls"].append(seq)
+                    pending[None].append(seq)
             if text.strip():
                 self.texts.append(pos)
-            said.append(Said(pos, "assistant", text))
-            self.last_kind = "assistant"
+            said.append(Said(pos, "assistant", text, written is not None))
+            self.last_kind = "step" if written is not None else "assistant"
         else:
             self.last_kind = "other"
+
+
+def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+    """The seqs of the latest step's calls still without a result, when it is a text step."""
+    if not steps or not steps[-1].get("text"):
+        return []
+    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
 
 
 def _result_member(kind: edits.Kind) -> str:
@@ -241,7 +300,17 @@ def apply(
     """Apply request-side actions to the body ``raw`` (module docstring; rules in
     :func:`proxy.dialects.edits.apply`; ``spans``: the items' byte spans, when known). Returns the
     new body, or None when no action applies (a string ``input`` never has one)."""
-    return edits.apply(raw, actions, body, WIRE, spans)
+    return edits.apply(raw, _whole(raw, actions, body), body, WIRE, spans)
+
+
+def _whole(raw: bytes, actions: Sequence[Action], body: Any) -> Sequence[Action]:
+    """Withholds of ``<tool_response>`` blocks as withholds of their item (:func:`edits.whole_results`)."""
+    if not any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        return actions
+    if body is None:
+        body = jsonbody.decode(raw)
+    items = body.get("input") if isinstance(body, dict) else None
+    return edits.whole_results(actions, items, lambda item: content_text(item.get("content")))
 
 
 # --- previous_response_id chains (proxy.request.response_store) ------------------------------
@@ -307,7 +376,7 @@ def apply_chained(
     array, ``b""`` for none) are put first in ``input``. Returns the new body, or None when
     nothing changes."""
     shifted = [s for s in (_shifted(a, count) for a in actions) if s is not None]
-    out = edits.apply(raw, shifted, body, WIRE) if shifted else None
+    out = edits.apply(raw, _whole(raw, shifted, body), body, WIRE) if shifted else None
     if repair:
         out = _prepend(out, repair, None) if out is not None else _prepend(raw, repair, body)
     return out

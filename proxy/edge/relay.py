@@ -28,6 +28,8 @@ for compression get exactly what the upstream sent). Everything else is plain pa
   :mod:`proxy.response.as_stream`; :func:`relay_as_json`): the SSE answer goes through the same
   :class:`StreamGuard` (so runaway and degenerate cuts close the upstream at once), and what it
   lets through is assembled into the one JSON answer the agent asked for.
+- Chat answers to requests that offered ``tools`` carry the request's repair of calls written as
+  text (:mod:`proxy.response.repair`, ``response.repair_text_tool_calls``) into both paths.
 - Fail open: an exception in the response-side logic is logged (no content) and counted in
   ``internal_errors``; the bytes received and not yet forwarded are forwarded unchanged and the
   rest of the response is relayed as is.
@@ -52,11 +54,19 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
-from proxy.response import messages_stream
+from proxy.response import messages_stream, repair
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
-from proxy.response.decide import StopJudge, decide_json, earlier_stops
+from proxy.response.decide import (
+    StopJudge,
+    cuts_enabled,
+    decide_json,
+    deciders,
+    earlier_stops,
+    observed_actions,
+)
 from proxy.response.messages_stream import MessagesStreamGuard
+from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import FramedGuard, StreamGuard
 
@@ -83,6 +93,44 @@ class ResponseSide:
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
     pending: Awaitable[None] | None = None
+    #: calls written as text are repaired (chat answers to requests that offered tools; issue 13)
+    repair: Repairer | None = None
+    #: the observed part of the response side (issue 16), reading the same bytes, changing none
+    shadow: Shadow | None = None
+    #: the upstream's answer for the capture (``capture.path``, chat only): SSE assembled, JSON whole
+    tap: Assembly | bytearray | None = None
+
+    def read(self, chunk: bytes, stats: Stats) -> None:
+        """Upstream bytes, as they came, for the shadow and the capture tap (never raises)."""
+        if self.shadow is not None:
+            self.shadow.feed(chunk, stats)
+        if self.tap is not None:
+            try:
+                if isinstance(self.tap, bytearray):
+                    self.tap += chunk
+                else:
+                    self.tap.feed(chunk)
+            except Exception as exc:
+                failed(stats, "tap", exc)
+                self.tap = None
+
+    def upstream_answer(self) -> bytes | None:
+        """The upstream's ``chat.completion`` as read by the tap (None: not read, or incomplete)."""
+        tap, self.tap = self.tap, None
+        if isinstance(tap, bytearray):
+            return bytes(tap)
+        if tap is None:
+            return None
+        tap.finish()
+        answer = tap.answer()
+        return answer[1] if answer is not None and answer[0] == 200 else None
+
+    def observed(self, stats: Stats) -> None:
+        """Add the shadow's actions, marked observed (a shadow stop only when no stop was
+        applied: one answer is stopped once). Fails open."""
+        shadow, self.shadow = self.shadow, None
+        if shadow is not None:
+            self.actions.extend(observed_actions(self.actions, shadow.finish(stats)))
 
     def answered(self, answer: Answer | None, stats: Stats) -> None:
         """Hand ``answer`` to ``on_answer`` once (fails open)."""
@@ -104,13 +152,67 @@ class ResponseSide:
 
 
 def enabled(cfg: Config) -> bool:
-    r = cfg.response
-    return bool(
-        StopJudge.enabled(cfg)
-        or r.max_calls_per_response
-        or r.max_identical_per_response
-        or r.degenerate_text.enabled
-    )
+    return bool(StopJudge.enabled(cfg) or cuts_enabled(cfg))
+
+
+class Shadow:
+    """The observed part of the response side (issue 16, ``mode: observe``): it reads the bytes
+    the agent gets unchanged (an SSE body chunk by chunk through its own stream guard, a JSON
+    body whole at the end) and decides what enforcing would (a stop with every request action
+    and every guard, the cuts when ``response.mode`` is observed), but holds, changes and aborts
+    nothing: the guard's output is dropped. :meth:`finish` gives its actions
+    (:func:`proxy.response.decide.observed_actions` marks them).
+    An exception in it is counted (``internal_errors``) and ends the shadow only."""
+
+    __slots__ = ("_body", "_cfg", "_failed", "_guard", "_judge", "_repair", "_wire")
+
+    def __init__(
+        self, wire: str, sse: bool, cfg: Config, judge: StopJudge | None, fix: Repairer | None = None
+    ) -> None:
+        self._wire = wire
+        self._cfg = cfg
+        self._judge = judge
+        self._repair = fix  # chat only: the repair the enforced side would make (response.mode)
+        self._guard: FramedGuard | None = None
+        if sse:
+            self._guard = StreamGuard(cfg, judge, fix) if wire == "chat" else _STREAM_GUARDS[wire](cfg, judge)
+        self._body = bytearray()
+        self._failed = False
+
+    @property
+    def complete(self) -> bool:
+        """The stream said how it ended (SSE; False for JSON and after the shadow's own cut)."""
+        return self._guard is not None and self._guard.complete and not self._guard.aborted
+
+    def feed(self, chunk: bytes, stats: Stats) -> None:
+        if self._failed:
+            return
+        try:
+            if self._guard is None:
+                self._body += chunk
+            elif not self._guard.aborted:
+                self._guard.feed(chunk)
+        except Exception as exc:
+            failed(stats, "shadow", exc)
+            self._failed = True
+
+    def finish(self, stats: Stats) -> list[Action]:
+        actions: list[Action] = []
+        try:
+            if self._guard is not None:
+                if not self._failed and not self._guard.aborted:
+                    self._guard.finish()
+                actions = list(self._guard.actions)
+            elif not self._failed and self._wire == "responses":
+                _, actions, _ = responses_answer.decide_json_answer(bytes(self._body), self._judge, self._cfg)
+            elif not self._failed and self._wire == "messages":
+                _, actions = messages_stream.decide_json(bytes(self._body), self._judge, self._cfg)
+            elif not self._failed:
+                _, actions = decide_json(bytes(self._body), self._judge, self._cfg, self._repair)
+        except Exception as exc:
+            failed(stats, "shadow", exc)
+        self._body.clear()
+        return actions
 
 
 def plan(
@@ -120,10 +222,35 @@ def plan(
     guards: tuple[Guard, ...],
     cfg: Config,
     on_answer: Callable[[Answer], None] | None = None,
+    tap: bool = False,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
     the answer's wire (``"chat"``, ``"responses"``, ``"messages"``; True means chat), or False/None.
-    ``on_answer``: the response store's hook for a Responses answer (None: not wanted)."""
+    ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
+    ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
+    side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
+    readable = upstream.status == 200 and upstream.headers.get("Content-Encoding") is None
+    sse = upstream.content_type == "text/event-stream"
+    if (
+        tap
+        and readable
+        and guarded in (True, "chat")
+        and (sse or upstream.content_type == "application/json")
+    ):
+        if side is None:  # the response side reads nothing: relayed unchanged, read for the capture
+            side = ResponseSide("observe", cfg, None, "chat")
+        side.tap = Assembly() if sse else bytearray()
+    return side
+
+
+def _plan(
+    guarded: bool | str,
+    upstream: aiohttp.ClientResponse,
+    decision: RequestDecision | None,
+    guards: tuple[Guard, ...],
+    cfg: Config,
+    on_answer: Callable[[Answer], None] | None = None,
+) -> ResponseSide | None:
     if not guarded or upstream.status != 200:
         return None
     ctype = upstream.content_type
@@ -134,17 +261,39 @@ def plan(
     else:
         return None
     encoding = upstream.headers.get("Content-Encoding")
-    if not enabled(cfg) or encoding is not None:
-        if on_answer is None or guarded != "responses":
-            return None
-        capture = ResponseCapture(kind == "sse", encoding)
-        return ResponseSide("observe", cfg, None, "responses", on_answer=on_answer, capture=capture)
-    judge = None
-    if decision is not None and decision.transcript is not None and StopJudge.enabled(cfg):
-        ctx = Context(conversation=decision.conversation, now_ms=int(time.time() * 1000))
-        judge = StopJudge(decision.transcript, decision.actions, guards, ctx, cfg)
     wire = "chat" if guarded is True else str(guarded)
-    return ResponseSide(kind, cfg, judge, wire, on_answer=on_answer if wire == "responses" else None)
+    # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
+    transcript = decision.transcript if decision is not None else None
+    ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
+    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg)
+    enforce_cfg, judge = d.cfg, d.judge
+    fix = shadow_fix = None
+    if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)
+        fix = repair.for_request(enforce_cfg, transcript, decision.body)
+        shadow_fix = repair.for_request(d.shadow_cfg, transcript, decision.body)
+    shadow = (
+        Shadow(wire, kind == "sse", d.shadow_cfg, d.shadow_judge, shadow_fix)
+        if encoding is None and d.observing
+        else None
+    )
+    if not d.enforcing or encoding is not None:
+        if on_answer is None or wire != "responses":
+            if shadow is None:
+                return None
+            return ResponseSide("observe", cfg, None, wire, shadow=shadow)
+        capture = ResponseCapture(kind == "sse", encoding)
+        return ResponseSide(
+            "observe", cfg, None, "responses", on_answer=on_answer, capture=capture, shadow=shadow
+        )
+    return ResponseSide(
+        kind,
+        enforce_cfg,
+        judge,
+        wire,
+        on_answer=on_answer if wire == "responses" else None,
+        shadow=shadow,
+        repair=fix,
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -171,11 +320,15 @@ async def relay_sse(
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
-    kind = _STREAM_GUARDS.get(side.wire, StreamGuard)
-    guard: FramedGuard | None = kind(side.cfg, side.judge)
+    guard: FramedGuard | None = (
+        StreamGuard(side.cfg, side.judge, side.repair)
+        if side.wire == "chat"
+        else _STREAM_GUARDS[side.wire](side.cfg, side.judge)
+    )
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
     try:
         async for chunk in upstream.content.iter_any():
+            side.read(chunk, stats)
             if guard is None:
                 await response.write(chunk)
                 continue
@@ -225,6 +378,7 @@ async def relay_sse(
     finally:
         if guard is not None:
             side.actions.extend(guard.actions)
+        side.observed(stats)
 
 
 async def relay_json(
@@ -247,6 +401,8 @@ async def relay_json(
         await response.write(bytes(body))
         raise
     raw = bytes(body)
+    side.read(raw, stats)
+    side.observed(stats)
     try:
         if side.wire == "responses":
             new, actions, answer = responses_answer.decide_json_answer(raw, side.judge, side.cfg)
@@ -255,7 +411,7 @@ async def relay_json(
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         else:
-            new, actions = decide_json(raw, side.judge, side.cfg)
+            new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)
@@ -273,12 +429,28 @@ async def relay_observed(
     """Relay the body unchanged, chunk by chunk (``response`` prepared by the caller), while
     ``side.capture`` reads it for the store; a failure there stops the reading, never the relay.
     A JSON body is decoded when its last byte has arrived (``Content-Length``) or the upstream
-    ended it, before that byte is written or the agent's body is ended."""
-    capture = side.capture
-    length = upstream.content_length
+    ended it, before that byte is written or the agent's body is ended. ``side.shadow`` (observe
+    mode) reads the same chunks and decides what enforcing would, changing none."""
+    try:
+        await _relay_observed(upstream, response, side, stats, side.capture, upstream.content_length)
+    finally:
+        side.observed(stats)
+
+
+async def _relay_observed(
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    side: ResponseSide,
+    stats: Stats,
+    capture: ResponseCapture | None,
+    length: int | None,
+) -> None:
     received = 0
     async for chunk in upstream.content.iter_any():
         received += len(chunk)
+        side.read(chunk, stats)
+        if side.shadow is not None and side.shadow.complete:
+            side.delivered = True
         if capture is not None:
             try:
                 capture.feed(chunk)
@@ -319,13 +491,18 @@ async def relay_as_json(
     agent's JSON answer. On a cut the upstream is closed at once and reading stops. An upstream
     read error ends the reading (what the guard held is assembled unchanged) and is returned
     with the assembly: an answer that was complete before it is still whole."""
-    guard: StreamGuard | None = StreamGuard(side.cfg, side.judge) if side is not None else None
+    enforcing = side is not None and side.kind != "observe"
+    guard: StreamGuard | None = (
+        StreamGuard(side.cfg, side.judge, side.repair) if side is not None and enforcing else None
+    )
     assembly = Assembly()
     unsettled = bytearray()  # bytes received and not yet settled by the guard
     error: Exception | None = None
     try:
         try:
             async for chunk in upstream.content.iter_any():
+                if side is not None:
+                    side.read(chunk, stats)
                 if guard is None:
                     assembly.feed(chunk)
                     continue
@@ -357,6 +534,8 @@ async def relay_as_json(
     finally:
         if guard is not None and side is not None:
             side.actions.extend(guard.actions)
+        if side is not None:
+            side.observed(stats)
 
 
 def record(

@@ -42,6 +42,13 @@ Behaviour at the edge:
 - Several replicas (issue 16, ``state.backend``): the request side's state is fetched before and
   written after the (pure) decision, a kept Responses answer before its last bytes reach the
   agent, incidents are claimed by the writer (:mod:`proxy.edge.shared_state`).
+- Observe mode (issue 16, ``mode``): the guards get the observed rules
+  (:meth:`proxy.ops.config.Config.observed_rules`); their actions are logged, counted and
+  recorded but not applied, and the response side's observed part reads the answer in a shadow
+  (:class:`proxy.edge.relay.Shadow`) that changes no byte.
+- Capture (``capture.path``, :mod:`proxy.ops.capture`): after a guarded request's log line, one
+  capture line with the history the agent sent and the upstream's chat answer as the response
+  side's tap read it; fails open like the guards.
 """
 
 from __future__ import annotations
@@ -60,10 +67,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import anthropic_messages, openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
 from proxy.edge.shared_state import SharedState
+from proxy.ops import capture
+from proxy.ops.capture import CaptureLog
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -94,6 +103,18 @@ PREFIX_KEY = web.AppKey("prefix_cache", object)
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
 INFLIGHT_KEY = web.AppKey("inflight", set)
+#: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
+CAPTURE_KEY = web.AppKey("capture", CaptureLog)
+#: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
+DECIDED_MS: Any = (
+    web.RequestKey("loopguard.decided_ms", int) if hasattr(web, "RequestKey") else "loopguard.decided_ms"
+)
+#: ``request[UPSTREAM_ANSWER]``: the upstream's chat answer as the capture tap read it (bytes).
+UPSTREAM_ANSWER: Any = (
+    web.RequestKey("loopguard.upstream_answer", bytes)
+    if hasattr(web, "RequestKey")
+    else "loopguard.upstream_answer"
+)
 
 
 #: The current config and guards (:mod:`proxy.edge.runtime`; replaced by a reload).
@@ -105,6 +126,15 @@ log = structlog.get_logger("loopguard")
 
 
 _error_body = connections.error_body
+
+
+def _error_json(request: web.Request | None, message: str, type_: str, code: int) -> bytes:
+    """The JSON body of an error loopguard answers itself: Anthropic's form (``{"type": "error",
+    "error": {"type", "message"}}``) on a guarded Messages path, which the anthropic SDK and Claude
+    Code read, else the OpenAI form (:func:`proxy.edge.connections.error_body`)."""
+    if request is not None and _guarded(request) == "messages":
+        return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
+    return _error_body(message, type_, code)
 
 
 #: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
@@ -148,14 +178,18 @@ def _trace_config() -> aiohttp.TraceConfig:
 READ_TIMEOUT: type[Exception] = getattr(aiohttp, "SocketTimeoutError", aiohttp.ServerTimeoutError)
 
 
-def _timeout_response(base: str, fields: dict[str, Any], st: Any) -> web.Response:
+def _timeout_response(
+    base: str, fields: dict[str, Any], st: Any, request: web.Request | None = None
+) -> web.Response:
     """504 for an upstream that stopped sending (before its headers, or in a JSON answer the
-    proxy was still buffering): an OpenAI-style error body (issue 14, item 1)."""
+    proxy was still buffering): an error body in the wire's form (:func:`_error_json`; issue 14,
+    item 1)."""
     st.upstream_errors += 1
     fields.update(status=504, upstream_error="UpstreamTimeout")
     return web.Response(
         status=504,
-        body=_error_body(
+        body=_error_json(
+            request,
             f"loopguard: upstream {forward.redact_url(base)} sent nothing for longer than "
             "upstream.read_timeout_s",
             "upstream_timeout",
@@ -308,6 +342,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     store = app[RESPONSES_KEY]
     shared = app[SHARED_KEY]
     now_ms = memory.clock()
+    request[DECIDED_MS] = now_ms  # the capture records the time the guards decided at
 
     def run(state_for: Any, previous: Any) -> RequestDecision:
         return decide_request(
@@ -320,6 +355,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             dialect=dialect,
             previous=previous,
             prefixes=app[PREFIX_KEY],  # type: ignore[arg-type]
+            observed=rt.cfg.observed_rules(),
         )
 
     try:  # with a shared backend, what the decision asks for is fetched first (proxy.edge.shared_state)
@@ -422,8 +458,11 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         )
         return web.Response(
             status=413,
-            body=_error_body(
-                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)", "request_too_large", 413
+            body=_error_json(
+                request,
+                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
+                "request_too_large",
+                413,
             ),
             content_type="application/json",
         )
@@ -481,6 +520,29 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             st.disconnects += 1
         failed = "upstream_error" in fields or "disconnected" in fields or "shutdown" in fields
         (log.warning if failed else log.info)("request", **fields)
+        if CAPTURE_KEY in app and decision.transcript is not None:
+            _capture(request, raw, decision)
+
+
+def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> None:
+    """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
+    app = request.app
+    cfg = _rt(request).cfg
+    try:
+        upstream_answer = request.get(UPSTREAM_ANSWER)
+        data = capture.line(
+            time_ms=request.get(DECIDED_MS) or _rt(request).memory.clock(),
+            conversation=decision.conversation,
+            dialect=_guarded(request) or "chat",
+            body=jsonbody.decode(raw),
+            answer=capture.answer_of(upstream_answer) if upstream_answer else None,
+            contents=cfg.capture.contents,
+            masks=cfg.progress.compiled(),
+        )
+        app[CAPTURE_KEY].write(data)
+    except Exception as exc:
+        app[STATS_KEY].internal_errors += 1
+        log.error("capture_error", error=type(exc).__name__)
 
 
 def _as_stream(request: web.Request, decision: RequestDecision) -> bytes | None:
@@ -552,12 +614,13 @@ async def _forward(
             upstream = await send()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
-            return _timeout_response(base, fields, st)
+            return _timeout_response(base, fields, st, request)
         st.upstream_errors += 1
         fields.update(status=502, upstream_error=type(exc).__name__)
         return web.Response(
             status=502,
-            body=_error_body(
+            body=_error_json(
+                request,
                 f"loopguard: upstream {forward.redact_url(base)} unreachable ({type(exc).__name__})",
                 "upstream_unreachable",
                 502,
@@ -570,7 +633,15 @@ async def _forward(
     side: relay.ResponseSide | None = None
     try:
         rt = _rt(request)
-        side = relay.plan(_guarded(request), upstream, decision, rt.guards, rt.cfg, _keeper(app, decision))
+        side = relay.plan(
+            _guarded(request),
+            upstream,
+            decision,
+            rt.guards,
+            rt.cfg,
+            _keeper(app, decision),
+            tap=CAPTURE_KEY in app and decision is not None and decision.transcript is not None,
+        )
     except Exception as exc:  # fail open: relay the answer as is
         relay.failed(st, "plan", exc)
     try:
@@ -610,7 +681,9 @@ async def _forward(
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
             if isinstance(exc, READ_TIMEOUT) and not response.prepared:
-                return _timeout_response(base, fields, st)  # a buffered JSON answer: nothing sent yet
+                return _timeout_response(
+                    base, fields, st, request
+                )  # a buffered JSON answer: nothing sent yet
             if request.get(DELIVERED) or (side is not None and side.delivered):
                 return response  # the agent had the whole answer and hung up: not a failure
             if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
@@ -652,6 +725,9 @@ async def _forward(
     finally:
         app[INFLIGHT_KEY].discard(upstream)
         upstream.close()
+        if side is not None and side.tap is not None:
+            with contextlib.suppress(Exception):  # the capture's copy of the answer; fails open
+                request[UPSTREAM_ANSWER] = side.upstream_answer()
         if side is not None:
             conversation = decision.conversation if decision is not None else ""
             chain = decision.chain if decision is not None else None
@@ -754,6 +830,15 @@ async def _incident_log(app: web.Application) -> AsyncIterator[None]:
     await incidents.close()
 
 
+async def _capture_log(app: web.Application) -> AsyncIterator[None]:
+    path = app[CONFIG_KEY].capture.path
+    if path:
+        app[CAPTURE_KEY] = CaptureLog(app[CONFIG_KEY].capture)
+    yield
+    if CAPTURE_KEY in app:
+        await asyncio.to_thread(app[CAPTURE_KEY].close)
+
+
 async def _shared_state(app: web.Application) -> AsyncIterator[None]:
     shared = app[SHARED_KEY]
     publisher = asyncio.create_task(shared.run_publisher()) if shared.shared else None
@@ -807,6 +892,7 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_shared_state)
     app.cleanup_ctx.append(_incident_log)
+    app.cleanup_ctx.append(_capture_log)
     app.router.add_get("/loop-guard", stats)
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_get("/loop-guard/metrics", metrics)
@@ -838,19 +924,35 @@ async def start(cfg: Config, loader: Callable[[], Config] | None = None) -> tupl
     connections.adopt(runner.server, cfg.listen.max_connections, cfg.listen.header_timeout_s)
     connections.ensure_fd_limit(cfg.listen.max_connections)
     site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:  # the address is in use (or not ours): close what setup opened, then say so
+        await runner.cleanup()
+        raise
     port = runner.addresses[0][1]
     return runner, port
 
 
-async def serve_forever(cfg: Config, loader: Callable[[], Config] | None = None) -> None:
+async def serve_forever(
+    cfg: Config, loader: Callable[[], Config] | None = None, source: str | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
     end the rest (a stream gets the error event), write their log lines, return (exit 0).
     SIGHUP re-reads the config through ``loader`` (:func:`proxy.edge.runtime.reload`; a rejected
-    file is logged)."""
+    file is logged). ``source``: the config file's path, for the startup line (None: built-in
+    defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
+    exit 2)."""
     runner, port = await start(cfg, loader)
-    log.info("listening", host=cfg.listen.host, port=port, upstream=forward.redact_url(cfg.upstream.url))
+    log.info(
+        "listening",
+        host=cfg.listen.host,
+        port=port,
+        upstream=forward.redact_url(cfg.upstream.url),
+        config=source or "(defaults)",
+        guards=cfg.modes(),
+        capture=cfg.capture.path or None,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from proxy.actions import Action
@@ -92,20 +93,34 @@ def build_guards(
         ),
         (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
         (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, situations)),
-        (cfg.same_target.enabled, lambda: SameTarget(cfg.same_target, inject, targets, situations)),
+        (
+            cfg.same_target.enabled,
+            lambda: SameTarget(cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args),
+        ),
         # issue 10: last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
     return tuple(make() for enabled, make in registry if enabled)
 
 
-def evaluate(transcript: Transcript, guards: Sequence[Guard], ctx: Context) -> list[Action]:
+def evaluate(
+    transcript: Transcript, guards: Sequence[Guard], ctx: Context, observed: AbstractSet[str] = frozenset()
+) -> list[Action]:
     """Run every guard over ``transcript``; their actions concatenated in registry order. A guard
-    with ``reads_prior = True`` gets ``ctx.prior`` plus the actions of the guards before it."""
+    with ``reads_prior = True`` gets ``ctx.prior`` plus the actions of the guards before it.
+
+    ``observed``: the rule names in observe mode (issue 16). A guard that reads prior actions
+    and is itself enforced reads only the applied ones (those of rules not in ``observed``): an
+    enforced escalation never counts reminders the model was not given, so what it says is true.
+    An observed one reads them all: it reports what enforcing every rule would do. Marking the
+    returned actions ``observed`` is the caller's (:func:`proxy.actions.mark_observed`)."""
     actions: list[Action] = []
     for guard in guards:
         if getattr(guard, "reads_prior", False):
-            actions.extend(guard(transcript, dataclasses.replace(ctx, prior=(*ctx.prior, *actions))))
+            prior = (*ctx.prior, *actions)
+            if observed and getattr(guard, "name", None) not in observed:
+                prior = tuple(a for a in prior if a.rule not in observed and not a.observed)
+            actions.extend(guard(transcript, dataclasses.replace(ctx, prior=prior)))
         else:
             actions.extend(guard(transcript, ctx))
     return actions

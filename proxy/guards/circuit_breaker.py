@@ -21,6 +21,11 @@ Rules:
   are ever withheld as duplicates. A repeat counts only when nothing between it and the previous
   call with its key changed the situation (issue 10, :mod:`proxy.effects`): a routine call repeated
   across a session full of edits (``cp x.orig x`` between fix attempts) is progress, not a loop.
+  A result unlike every one of the last :data:`NOVEL_AMONG` different results for the key (a job
+  polled with one command whose output moves on) also clears the key's duplicates counted so far:
+  polling a build that advances every few polls is never withheld, while a loop that alternates
+  between results it already had keeps counting (found by a new user's Claude Code tryout,
+  issue 12).
 - ``ignore_args`` are dropped only while the call keeps another argument (a ``think`` tool whose
   one argument is ``thought`` is compared by it); ``ignore_sole_args`` drops them even then (the
   seed).
@@ -48,12 +53,14 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import Situations
 from proxy.ops.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
-from proxy.progress import RepeatJudge
-from proxy.transcript import ToolCall, Transcript
+from proxy.progress import RepeatJudge, same_result
+from proxy.transcript import ToolCall, ToolResult, Transcript
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
 CAP = "cap"
+#: How many of a key's different results a new one is compared with (``progress_aware``).
+NOVEL_AMONG = 8
 
 DUPLICATE_TEXT = (
     "[loopguard] The result of this call is withheld: you have now called {tool} with these same "
@@ -107,6 +114,8 @@ class CircuitBreaker:
         if cfg.progress_aware:  # unguarded calls are ignored entirely: they change no situation
             judge = RepeatJudge(self._situations.masks, self._situations.epochs(guarded_calls))
         keep_sole = not cfg.ignore_sole_args
+        distinct: dict[tuple[str, str], deque[ToolResult]] = {}  # each key's last different results
+        masks = self._situations.masks
         actions: list[Action] = []
         for index, call in enumerate(guarded_calls):
             key = (
@@ -117,6 +126,13 @@ class CircuitBreaker:
             # progress: the key was seen before, but the result is new or the situation changed
             # in between (a first call never is)
             progress = judge is not None and not judge.repeats(key, call.result, index) and key in seen
+            if judge is not None and call.result is not None and not call.result.pending:
+                kept = distinct.setdefault(key, deque(maxlen=NOVEL_AMONG))
+                if not any(same_result(r, call.result, masks) for r in kept):
+                    kept.append(call.result)
+                    if progress and in_window[key]:  # a result never seen: the count starts again
+                        window = deque(None if k == key else k for k in window)
+                        in_window[key] = 0
             if not progress:
                 seen[key] += 1
             if cap and executed >= cap:
@@ -136,6 +152,7 @@ class CircuitBreaker:
             actions.append(
                 Withhold(
                     position=call.result.position,
+                    part=call.result.part,
                     call_id=call.call_id,
                     text=self._texts[kind].format(tool=call.name, count=count, limit=limit, kind=kind),
                     rule=RULE,

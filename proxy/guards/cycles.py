@@ -160,6 +160,7 @@ class Cycles:
             actions.append(
                 Withhold(
                     position=call.result.position,
+                    part=call.result.part,
                     call_id=call.call_id,
                     text=WITHHOLD_TEXT.format(period=p, cycle=cycle, count=count),
                     rule=RULE,

@@ -15,7 +15,11 @@ bottom of the ladder):
   to that tool on that target whose result is *nothing new* — equal (masked,
   :mod:`proxy.progress`) to the result of an earlier call on it in the episode — has its result
   withheld. A new result is
-  progress and passes: the ladder stops only what keeps failing to move. A call whose result is
+  progress and passes: the ladder stops only what keeps failing to move. A new result also sets
+  the count back: only reminders placed after the last new result on that target count (a job
+  polled with one command, whose output moves on every few polls, gets its "same result"
+  reminders between the moves, and is never withheld; found by a new user's Claude Code tryout,
+  issue 12). A call whose result is
   not known yet (the response side's look-ahead) counts as nothing new only when the previous call
   on that target got nothing new and this one repeats it with at most small changes to its
   arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher`
@@ -131,6 +135,7 @@ class Escalation:
         masks = self._situations.masks
         results: dict[tuple[str, str | None], list[ToolResult]] = defaultdict(list)
         last_stale: dict[tuple[str, str | None], ToolCall | None] = {}  # the last call on it, if stale
+        moved: dict[tuple[str, str | None], int] = {}  # where its last new result is
         actions: list[Action] = []
         for call in calls:
             on = self.on(call)
@@ -149,9 +154,14 @@ class Escalation:
                 previous = last_stale.get(on)
                 stale = previous is not None and similar(previous, call)
             last_stale[on] = call if stale else None
+            if not stale and call.result is not None:
+                moved[on] = call.result.position
             if not stale or call.result is None:
                 continue
-            count = bisect.bisect_left(positions, call.position)  # reminders read before it
+            # reminders read before it, and after the last new result on it (progress)
+            count = bisect.bisect_left(positions, call.position) - bisect.bisect_left(
+                positions, moved.get(on, -1)
+            )
             if count < self._cfg.after_reminders:
                 continue
             tool, target = on
@@ -159,6 +169,7 @@ class Escalation:
             actions.append(
                 Withhold(
                     position=call.result.position,
+                    part=call.result.part,
                     call_id=call.call_id,
                     text=WITHHOLD_TEXT.format(count=count, subject=subject, tool=call.name),
                     rule=RULE,

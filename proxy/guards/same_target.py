@@ -14,9 +14,11 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
   one before (masked, :mod:`proxy.progress`) and nothing in between changed the situation
   (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it.
 - A reminder fires when the run's length equals one of ``thresholds`` (3, 5, 8) and the run is
-  not all one call (its arguments differ at least once; identical runs are left to
-  ``repeat_reminder``). A result not known yet (the response side's look-ahead) is judged by the
-  previous pair.
+  not all one call (its arguments differ at least once, compared as ``repeat_reminder`` compares
+  them: without its ``ignore_args``; identical runs are left to it, so a run whose calls differ
+  only in a ``description`` never gets both reminders, which would contradict each other: found by
+  a new user's Claude Code tryout, issue 12). A result not known yet (the response side's
+  look-ahead) is judged by the previous pair.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ TEXT = (
 class SameTarget:
     """Guard callable: ``SameTarget(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_targets", "_thresholds")
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_memo", "_situations", "_targets", "_thresholds")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
@@ -61,8 +63,10 @@ class SameTarget:
         delivery: Delivery = "user",
         targets: TargetRule | None = None,
         situations: Situations | None = None,
+        ignore_args: Sequence[str] = (),
     ) -> None:
         self._cfg = cfg
+        self._ignore = frozenset(ignore_args)  # repeat_reminder's: what "the same call" means
         self._delivery = delivery
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
@@ -94,7 +98,7 @@ class SameTarget:
                 same = same_result(prev.result, call.result, masks) if known(call.result) else prev_same
             if same and prev is not None:
                 run += 1
-                varied = varied or _args(call) != _args(prev)
+                varied = varied or self._same_call(call) != self._same_call(prev)
             else:
                 run, varied = 1, False
             prev, prev_on, prev_same = call, on, same
@@ -112,6 +116,9 @@ class SameTarget:
             if action is not None:
                 actions.append(action)
         return actions
+
+    def _same_call(self, call: ToolCall) -> str:
+        return canonical_arguments(call.arguments, call.arguments_raw, self._ignore)
 
 
 def _args(call: ToolCall) -> str:

@@ -273,6 +273,7 @@ class TurnGuard:
                 actions.append(
                     Withhold(
                         position=call.result.position,
+                        part=call.result.part,
                         call_id=call.call_id,
                         text=trip.text(),
                         rule=RULE,

@@ -1,8 +1,10 @@
-"""Command line: ``loopguard serve | demo | check-config`` (also ``python -m proxy …``).
+"""Command line: ``loopguard serve | demo | check-config | replay`` (also ``python -m proxy …``).
 
-Precedence for ``serve``: flags, then environment (``LOOPGUARD_UPSTREAM``, ``LOOPGUARD_HOST``,
-``LOOPGUARD_PORT``, ``LOOPGUARD_CONFIG``), then the config file, then defaults (DESIGN §3).
-Exit codes: 0 ok, 2 bad usage or invalid configuration (the message names the key).
+Precedence for ``serve``: flags, then environment (:data:`ENVIRONMENT`: ``LOOPGUARD_UPSTREAM``,
+``LOOPGUARD_HOST``, ``LOOPGUARD_PORT``, ``LOOPGUARD_CONFIG``), then the config file, then
+defaults (DESIGN §3). Exit codes: 0 ok, 1 ``replay`` found nothing to replay, 2 bad usage,
+invalid configuration (the message names the key; ``check-config`` lists every error) or a
+listen address that cannot be bound (one line, no traceback).
 """
 
 from __future__ import annotations
@@ -11,14 +13,26 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import importlib.metadata
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import yaml
 
+import proxy
 from proxy.errors import ConfigError
-from proxy.ops.config import Config, ListenConfig, UpstreamConfig, build, load_config, to_plain
+from proxy.ops.config import (
+    Config,
+    ListenConfig,
+    UpstreamConfig,
+    build,
+    config_errors,
+    load_config,
+    to_plain,
+)
+from proxy.ops.observe import LOG_FORMATS, configure_logging, default_log_format
 
 
 def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -58,55 +72,150 @@ def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         raise ConfigError(origin.get(e.key, e.key), e.message) from None
 
 
+#: Every environment variable the proxy reads (``serve --help`` lists them), with what it sets.
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("LOOPGUARD_CONFIG", "the YAML config file (as --config)"),
+    ("LOOPGUARD_UPSTREAM", "the upstream base URL (as --upstream; upstream.url)"),
+    ("LOOPGUARD_HOST", "the listen address (as --host; listen.host)"),
+    ("LOOPGUARD_PORT", "the listen port (as --port; listen.port)"),
+)
+
+
+def _environment_help() -> str:
+    width = max(len(name) for name, _ in ENVIRONMENT)
+    rows = "\n".join(f"  {name.ljust(width)}  {what}" for name, what in ENVIRONMENT)
+    return (
+        "environment variables (a flag beats its variable, a variable beats the config file):\n"
+        f"{rows}\n\nexit status: 0 after a clean shutdown (SIGTERM, SIGINT); 2 for an invalid "
+        "configuration or an address already in use."
+    )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("loopguard")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return proxy.__version__
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loopguard",
         description="Transparent proxy that breaks AI agents' tool-call loops.",
     )
+    p.add_argument("--version", action="version", version=f"loopguard {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the proxy in front of an OpenAI-compatible server")
+    s = sub.add_parser(
+        "serve",
+        help="run the proxy in front of an OpenAI-compatible server",
+        description="Run the proxy in front of an OpenAI-compatible server.",
+        epilog=_environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument("--upstream", help="upstream base URL (default http://127.0.0.1:8080/v1)")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", help="listen port (default 4000)")
     s.add_argument("--config", help="YAML config file (see config/loopguard.yaml)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help="json: one JSON object per line (the default when stderr is not a terminal); "
+        "console: aligned key=value lines for people, in colour on a terminal (the default there)",
+    )
     d = sub.add_parser("demo", help="watch the proxy catch a looping agent (no model server needed)")
     d.add_argument(
         "--steps", type=int, default=20, help="tool calls the scripted model makes before giving up"
     )
     d.add_argument("--config", help="YAML config file to run the demo with")
-    c = sub.add_parser("check-config", help="validate a config file and print the effective config")
+    c = sub.add_parser(
+        "check-config",
+        help="validate a config file and print the effective config",
+        description="Validate a config file: every error is listed (exit 2), else the effective "
+        "config is printed (admin_token redacted).",
+    )
     c.add_argument("file")
+    r = sub.add_parser(
+        "replay",
+        help="replay captured traffic or fixture conversations through the guards",
+        description="Replay capture files (capture.path) or fixture conversations (JSON files "
+        "with messages) through the same decision code as the proxy, and print every action at "
+        "its call, per conversation, and the totals per rule.",
+    )
+    r.add_argument(
+        "paths",
+        nargs="+",
+        metavar="FILE|DIR",
+        help="capture JSONL files, fixture JSON files, or directories of them",
+    )
+    r.add_argument("--config", help="YAML config file to decide with (default: the built-in defaults)")
+    r.add_argument(
+        "--format", choices=("table", "json"), default="table", help="output format (default table)"
+    )
+    r.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (it is shown on a terminal only)"
+    )
     return p
+
+
+#: What ``check-config`` prints for a set ``admin_token``.
+REDACTED = "<redacted>"
+
+
+def _check_config(path: str) -> int:
+    cfg, errors = config_errors(path)
+    if errors or cfg is None:
+        for e in errors:  # one line each, as serve says its one
+            print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    plain = to_plain(cfg)
+    if plain.get("admin_token") is not None:
+        plain["admin_token"] = REDACTED
+    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False))
+    return 0
+
+
+def _serve(
+    cfg: Config, args: argparse.Namespace, source: str | None, reread: Callable[[], Config] | None = None
+) -> int:
+    from proxy.edge.server import serve_forever
+
+    configure_logging(args.log_level, args.log_format or default_log_format())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever(cfg, reread, source))
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            why = {errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror or str(e))
+            print(f"loopguard: cannot listen on {cfg.listen.host}:{cfg.listen.port}: {why}", file=sys.stderr)
+            return 2
+        raise
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.file)
     try:
-        if args.command == "check-config":
-            cfg = load_config(args.file)
-            sys.stdout.write(yaml.safe_dump(to_plain(cfg), sort_keys=False))
-            return 0
         if args.command == "demo":
             from proxy.ops.demo import run_demo
 
             return asyncio.run(run_demo(load_config(args.config), steps=args.steps))
+        if args.command == "replay":
+            from proxy.ops.replay import main as replay_main
+
+            return replay_main(args, load_config(args.config))
         cfg = effective_config(args, os.environ)
     except ConfigError as e:
         print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2
 
-    from proxy.edge.server import serve_forever
-    from proxy.ops.observe import configure_logging
-
-    configure_logging(args.log_level)
-
     def reread() -> Config:  # SIGHUP and POST /loop-guard/reload: the same file, env and flags
         return effective_config(args, os.environ)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(cfg, reread))
-    return 0
+    return _serve(cfg, args, args.config or os.environ.get("LOOPGUARD_CONFIG") or None, reread)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ from proxy.errors import ConfigError
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
 from proxy.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
 
+#: ``mode`` of a guard, of ``stop``, of ``response`` and of the whole file (issue 16).
+Mode = Literal["enforce", "observe"]
+
 DEFAULT_IGNORE_ARGS = ("description", "explanation", "reason", "thought", "purpose")
 DEFAULT_EXEMPT = ("todo_write", "ask_user_question", "exit_plan_mode")
 #: The placeholders a ``guards.circuit_breaker.deny_message`` template may use.
@@ -164,6 +167,8 @@ class RepeatReminderConfig:
     inject_as: Literal["user", "tool_suffix"] = "user"
     #: A repeat counts only when its result equals the previous one's (masked, ``progress.masks``).
     progress_aware: bool = True
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_thresholds(self.thresholds, f"{path}.thresholds")
@@ -196,6 +201,8 @@ class CircuitBreakerConfig:
     progress_aware: bool = True
     #: Drop ``ignore_args`` even when they are all a call has (the seed); False keeps them then.
     ignore_sole_args: bool = False
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         if self.duplicate_limit < 1:
@@ -257,6 +264,8 @@ class TurnGuardConfig:
     narrate_every_ms: int = 240_000
     #: ``same_call`` counts a call only when its result equals the previous one's (masked).
     progress_aware: bool = True
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         for name in ("max_same_target", "max_same_call"):
@@ -311,6 +320,8 @@ class RecurrenceConfig:
     window: int = 20
     progress_aware: bool = True
     ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "occurrences", 2)
@@ -332,6 +343,8 @@ class CyclesConfig:
     repetitions: int = 3
     withhold_at: int = 4
     progress_aware: bool = True
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "min_period", 2)
@@ -356,6 +369,8 @@ class RepeatedFailureConfig:
     rejection_patterns: tuple[str, ...] = DEFAULT_REJECTION_PATTERNS
     error_preview_chars: int = 200
     ignore_args: tuple[str, ...] = DEFAULT_IGNORE_ARGS
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "failures", 2, zero_ok=True)
@@ -372,6 +387,8 @@ class MonologueConfig:
     enabled: bool = True
     repeats: int = 3
     stop_at: int = 4
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "repeats", 2)
@@ -387,6 +404,8 @@ class EchoLoopConfig:
     enabled: bool = True
     repeats: int = 3
     min_literal_chars: int = 2
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "repeats", 2)
@@ -401,6 +420,8 @@ class SameTargetConfig:
 
     enabled: bool = True
     thresholds: tuple[int, ...] = (3, 5, 8)
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_thresholds(self.thresholds, f"{path}.thresholds")
@@ -418,6 +439,8 @@ class EscalationConfig:
     enabled: bool = True
     after_reminders: int = 2
     stop: bool = True
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         _check_range(self, path, "after_reminders", 1)
@@ -513,6 +536,8 @@ class StopConfig:
     after_ignored_denials: int = 2
     on_cap: bool = True
     message: str = ""
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         if self.after_ignored_denials < 0:
@@ -542,11 +567,19 @@ class DegenerateTextConfig:
 
 @dataclass(frozen=True)
 class ResponseConfig:
-    """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit."""
+    """Runaway responses and degenerate text (DESIGN §6.4). 0 disables a limit.
+
+    ``repair_text_tool_calls`` (issue 13, default on): a chat answer to a request that offered
+    ``tools``, with no structured calls, whose content holds complete call blocks naming offered
+    tools (:mod:`proxy.dialects.text_calls`), is rewritten into structured ``tool_calls``
+    (:mod:`proxy.response.repair`). False: such answers pass as they came, byte for byte."""
 
     max_calls_per_response: int = 32
     max_identical_per_response: int = 2
     degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
+    repair_text_tool_calls: bool = True
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
 
     def check(self, path: str) -> None:
         for key in ("max_calls_per_response", "max_identical_per_response"):
@@ -649,6 +682,47 @@ class StateConfig:
 
 
 @dataclass(frozen=True)
+class CaptureConfig:
+    """Capture of guarded requests for ``loopguard replay`` (issue 16, :mod:`proxy.ops.capture`).
+
+    ``path``: the JSONL file (``""`` = off; its directory must exist); one line per guarded
+    request: the conversation's messages and the answer's calls, never headers. ``max_bytes``:
+    the file is rotated when it would grow past this many bytes (``path.1`` … ``path.<backups>``,
+    the oldest dropped: :class:`logging.handlers.RotatingFileHandler`). ``contents``: false
+    (default) writes every message text, tool result and call argument value as a digest (equal
+    texts give equal digests, so replay decides the same); true writes them as sent."""
+
+    path: str = ""
+    max_bytes: int = 100 * 1024 * 1024
+    backups: int = 5
+    contents: bool = False
+
+    def check(self, path: str) -> None:
+        if self.max_bytes < 1024:
+            raise ConfigError(f"{path}.max_bytes", "must be an integer >= 1024")
+        if self.backups < 1:  # RotatingFileHandler never rotates with 0 backups
+            raise ConfigError(f"{path}.backups", "must be an integer >= 1")
+
+
+#: The rules of each config section with a ``mode`` (``narration`` is part of ``turn_guard``).
+MODE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "repeat_reminder": ("repeat_reminder",),
+    "circuit_breaker": ("circuit_breaker",),
+    "turn_guard": ("turn_guard", "narration"),
+    "recurrence": ("recurrence",),
+    "cycles": ("cycles",),
+    "repeated_failure": ("repeated_failure",),
+    "monologue": ("monologue",),
+    "echo_loop": ("echo_loop",),
+    "same_target": ("same_target",),
+    "escalation": ("escalation",),
+}
+#: Response-side rules: ``stop.mode`` covers stops, ``response.mode`` runaway and degenerate cuts.
+STOP_RULES = ("stop",)
+RESPONSE_RULES = ("runaway", "degenerate_text", "repair_text_tool_calls")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = field(default_factory=ListenConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -662,6 +736,39 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
+    #: ``observe``: every section is observed, whatever its own ``mode`` (issue 16).
+    mode: Mode = "enforce"
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+
+    def observed_rules(self) -> frozenset[str]:
+        """The rule names (``Action.rule``) whose actions are observed, not applied: every rule
+        when ``mode: observe``, else the rules of each section whose own ``mode`` is ``observe``
+        (:data:`MODE_SECTIONS`; ``stop.mode`` for ``stop``, ``response.mode`` for ``runaway``
+        and ``degenerate_text``). An observed action is decided, logged, counted and recorded as
+        an incident exactly as an applied one, but changes no byte (issue 16)."""
+        every = self.mode == "observe"
+        out: set[str] = set()
+        for section, rules in MODE_SECTIONS.items():
+            if every or getattr(self.guards, section).mode == "observe":
+                out.update(rules)
+        if every or self.stop.mode == "observe":
+            out.update(STOP_RULES)
+        if every or self.response.mode == "observe":
+            out.update(RESPONSE_RULES)
+        return frozenset(out)
+
+    def modes(self) -> dict[str, str]:
+        """Each enabled section's effective mode (``guards.<name>``, ``stop``, ``response``), for
+        the startup line and ``GET /loop-guard``."""
+        observed = self.observed_rules()
+        out = {
+            name: "observe" if MODE_SECTIONS[name][0] in observed else "enforce"
+            for name in MODE_SECTIONS
+            if getattr(self.guards, name).enabled
+        }
+        out["stop"] = "observe" if "stop" in observed else "enforce"
+        out["response"] = "observe" if "runaway" in observed else "enforce"
+        return out
 
 
 # --- building dataclasses from plain data -------------------------------------------------------
@@ -705,27 +812,68 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     return float(value) if tp is float else value
 
 
-def build(cls: type, data: Any, path: str = "") -> Any:
+def build(cls: type, data: Any, path: str = "", errors: list[ConfigError] | None = None) -> Any:
     """Build dataclass ``cls`` from a mapping (None = all defaults), validating every key.
 
     Raises :class:`ConfigError` naming ``path.key`` for unknown keys, wrong types, and whatever the
-    class's own ``check(path)`` rejects.
+    class's own ``check(path)`` rejects. With ``errors`` (a list), nothing is raised: each error
+    is appended, the key it names takes its default, and every other key is still read (a
+    section's ``check`` reports its first error); the caller looks at ``errors``.
     """
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(path or "<root>", f"must be a mapping, got {type(data).__name__}")
+        error = ConfigError(path or "<root>", f"must be a mapping, got {type(data).__name__}")
+        if errors is None:
+            raise error
+        errors.append(error)
+        data = {}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    for k in data:
-        if k not in names:
-            raise ConfigError(f"{path}.{k}" if path else str(k), "unknown key")
-    kwargs = {k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{path}.{k}" if path else str(k)
+        try:
+            if k not in names:
+                raise ConfigError(key, "unknown key")
+            tp = hints[k]
+            kwargs[k] = build(tp, v, key, errors) if dataclasses.is_dataclass(tp) else _coerce(tp, v, key)
+        except ConfigError as e:
+            if errors is None:
+                raise
+            errors.append(e)
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:
-        check(path)
+        try:
+            check(path)
+        except ConfigError as e:
+            if errors is None:
+                raise
+            errors.append(e)
     return obj
+
+
+def config_errors(path: str | Path) -> tuple[Config | None, list[ConfigError]]:
+    """Every error of the config file at ``path`` (``check-config``): the config (None when the
+    file cannot be read or is not YAML) and the errors, in file order, empty when it is valid."""
+    try:
+        data = _read(path)
+    except ConfigError as e:
+        return None, [e]
+    errors: list[ConfigError] = []
+    cfg = build(Config, data, "", errors)
+    return (None if errors else cfg), errors
+
+
+def _read(path: str | Path) -> Any:
+    try:
+        with Path(path).open(encoding="utf-8") as f:
+            return yaml.safe_load(f)  # a stream, so YAML errors name the file
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {path}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from e
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -735,14 +883,7 @@ def load_config(path: str | Path | None) -> Config:
     """
     if path is None:
         return Config()
-    try:
-        with Path(path).open(encoding="utf-8") as f:
-            data = yaml.safe_load(f)  # a stream, so YAML errors name the file
-    except OSError as e:
-        raise ConfigError("<file>", f"cannot read {path}: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from e
-    return build(Config, data)
+    return build(Config, _read(path))
 
 
 #: The keys a reload cannot change (issue 16, hot reload): the listening socket, the upstream
@@ -753,9 +894,14 @@ RESTART_ONLY = (
     "listen",
     "upstream",
     "responses_store",
-    "prefix_cache",
+    # the prefix cache is sized at start (proxy.edge.server)
+    "prefix_cache.max_bytes_mb",
     "state",
     "guards.circuit_breaker.incident_log",
+    # the capture file is opened at start (capture.contents may change on a reload)
+    "capture.path",
+    "capture.max_bytes",
+    "capture.backups",
 )
 
 

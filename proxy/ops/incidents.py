@@ -54,9 +54,12 @@ class Incident:
     count: int
     limit: int | None
     agent: str
+    #: ``observe`` when the action was observed, not applied (issue 16)
+    mode: str = "enforce"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The JSON line's fields; ``mode: "observe"`` only for an observed incident."""
+        out: dict[str, Any] = {
             "time": self.time,
             "kind": self.kind,
             "tool": self.tool,
@@ -64,6 +67,9 @@ class Incident:
             "limit": self.limit,
             "agent": self.agent,
         }
+        if self.mode != "enforce":
+            out["mode"] = self.mode
+        return out
 
 
 def iso_utc(ms: int) -> str:
@@ -138,7 +144,8 @@ class IncidentLog:
             self._seen[key] = None
             if len(self._seen) > self._max_keys:
                 self._seen.popitem(last=False)
-            incident = Incident(iso_utc(now_ms), kind, w.tool, w.count, w.limit, agent)
+            mode = "observe" if w.observed else "enforce"
+            incident = Incident(iso_utc(now_ms), kind, w.tool, w.count, w.limit, agent, mode)
             out.append(incident)
             if self._queue is not None:
                 self._queue.put_nowait((agent, kind, orjson.dumps(incident.as_dict()) + b"\n"))

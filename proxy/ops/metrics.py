@@ -5,14 +5,17 @@ double bookkeeping); only the added-latency histogram is observed per request. E
 registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
-``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind}`` (fresh actions),
+``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind,mode}`` (fresh
+actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, issue 16),
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
 :mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
 before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-state backend
-calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`), and
+calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
+``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
+calls, written as text and repaired: issue 13), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
 ``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),
@@ -41,6 +44,8 @@ _COUNTERS = (
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),
     ("disconnects", "Agents that went away before the whole answer (the upstream request was closed)."),
+    ("responses_repaired", "Answers whose tool calls written as text were repaired into structured calls."),
+    ("text_calls_repaired", "Tool calls written as text that were repaired into structured calls."),
 )
 
 
@@ -53,10 +58,12 @@ class _StatsCollector(Collector):
         for name, doc in _COUNTERS:
             yield CounterMetricFamily(f"loopguard_{name}", doc, value=getattr(self._stats, name))
         actions = CounterMetricFamily(
-            "loopguard_actions", "Fresh actions by rule and kind.", labels=["rule", "kind"]
+            "loopguard_actions",
+            "Fresh actions by rule, kind and mode (enforce: applied; observe: decided, not applied).",
+            labels=["rule", "kind", "mode"],
         )
-        for (rule, kind), n in sorted(self._stats.per_action.items()):
-            actions.add_metric([rule, kind], n)
+        for (rule, kind, mode), n in sorted(self._stats.per_action.items()):
+            actions.add_metric([rule, kind, mode], n)
         yield actions
         unguarded = CounterMetricFamily(
             "loopguard_unguarded_requests",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.actions import Action, Cut, Stop, Withhold
+from proxy.actions import Action, Cut, Repair, Stop, Withhold
 from proxy.ops.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -71,15 +71,40 @@ SERVER_LOG.propagate = False
 SERVER_LOG.addFilter(_WithoutContent())
 
 
-def configure_logging(level: str = "info") -> None:
-    """JSON lines on stderr, one event per line, ISO-8601 UTC timestamps (``level``: debug, info,
-    warning or error)."""
+#: ``--log-format`` choices.
+LOG_FORMATS = ("json", "console")
+
+
+def default_log_format() -> str:
+    """``console`` when stderr is a terminal, else ``json`` (log collectors read JSON lines)."""
+    try:
+        return "console" if sys.stderr.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    """One event per line on stderr, ISO-8601 UTC timestamps (``level``: debug, info, warning or
+    error). ``fmt``: ``json`` (JSON lines) or ``console`` (structlog's ConsoleRenderer: aligned
+    ``time [level] event key=value``, in colour when stderr is a terminal; for people).
+    Raises ValueError for another ``fmt``."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
+    renderer: Any
+    if fmt == "console":
+        try:
+            colors = sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            colors = False
+        renderer = structlog.dev.ConsoleRenderer(colors=colors, sort_keys=False)
+    else:
+        renderer = structlog.processors.JSONRenderer(serializer=_dumps)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=_dumps),
+            renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=lambda *args: StderrLogger(),
@@ -89,12 +114,15 @@ def configure_logging(level: str = "info") -> None:
 
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
-    has one (withhold, stop, cut), and ``applied: false`` for a cut only reported (no texts)."""
+    has one (withhold, stop, cut; a repair's markup form), ``applied: false`` for a cut only
+    reported, and ``mode: "observe"`` for an observed action (issue 16; no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
-    if isinstance(a, Withhold | Stop | Cut) and a.reason:
+    if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
+    if a.observed:
+        out["mode"] = "observe"
     return out
 
 
@@ -103,7 +131,14 @@ class Stats:
     """Process-wide counters (reset on restart). Only *fresh* actions are counted.
 
     ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
-    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first."""
+    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first.
+
+    Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
+    enforce mode would count), ``observed_per_rule`` the observed ones (flat mappings, so that
+    replicas' counters add up key by key); ``per_action`` is keyed ``(rule, kind, mode)``;
+    ``reminders_injected``, ``results_withheld``, ``stops``, ``responses_cut`` and
+    ``withhold_kinds`` count applied actions only, and ``observed`` the observed ones per kind
+    (``remind``, ``withhold``, ``stop``, ``cut``)."""
 
     started: float = field(default_factory=time.monotonic)
     requests: int = 0
@@ -114,14 +149,19 @@ class Stats:
     #: response side: turns ended (Stop), responses cut (runaway / degenerate text, applied ones)
     stops: int = 0
     responses_cut: int = 0
+    #: answers whose calls written as text were repaired, and those calls (issue 13)
+    responses_repaired: int = 0
+    text_calls_repaired: int = 0
     internal_errors: int = 0
     upstream_errors: int = 0
     #: requests the agent went away from before it had the whole answer (the upstream request
     #: was closed then, so the model server can stop generating)
     disconnects: int = 0
     per_rule: Counter[str] = field(default_factory=Counter)
-    #: fresh actions per (rule, kind), for the Prometheus ``loopguard_actions_total`` series
-    per_action: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: fresh actions per (rule, kind, mode), for the Prometheus ``loopguard_actions_total`` series
+    per_action: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: fresh observed actions per kind (issue 16)
+    observed: Counter[str] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
@@ -131,16 +171,18 @@ class Stats:
     backend_errors: Counter[str] = field(default_factory=Counter)
 
     def record_actions(self, actions: Iterable[Action]) -> None:
-        withheld: set[int] = set()  # a result two guards withhold is one result withheld
+        withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
         for a in actions:
             if not a.fresh:
                 continue
             self.per_rule[a.rule] += 1
-            self.per_action[(a.rule, a.kind)] += 1
-            if a.kind == "remind":
+            self.per_action[(a.rule, a.kind, "observe" if a.observed else "enforce")] += 1
+            if a.observed:
+                self.observed[a.kind] += 1
+            elif a.kind == "remind":
                 self.reminders_injected += 1
             elif a.kind == "withhold":
-                position = a.position if isinstance(a, Withhold) else -1
+                position = (a.position, a.part) if isinstance(a, Withhold) else (-1, None)
                 if position not in withheld:
                     withheld.add(position)
                     self.results_withheld += 1
@@ -150,9 +192,19 @@ class Stats:
                 self.stops += 1
             elif isinstance(a, Cut) and a.applied:
                 self.responses_cut += 1
+            elif isinstance(a, Repair):
+                self.responses_repaired += 1
+                self.text_calls_repaired += a.count
 
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
+
+    def _per_rule(self, mode: str) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (rule, _, m), n in self.per_action.items():
+            if m == mode:
+                out[rule] += n
+        return dict(sorted(out.items()))
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -164,10 +216,14 @@ class Stats:
             "results_withheld": self.results_withheld,
             "stops": self.stops,
             "responses_cut": self.responses_cut,
+            "responses_repaired": self.responses_repaired,
+            "text_calls_repaired": self.text_calls_repaired,
             "internal_errors": self.internal_errors,
             "upstream_errors": self.upstream_errors,
             "disconnects": self.disconnects,
             "per_rule": dict(sorted(self.per_rule.items())),
+            "observed_per_rule": self._per_rule("observe"),
+            "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut", "repair")},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
             "state_backend_errors": dict(sorted(self.backend_errors.items())),

@@ -12,6 +12,12 @@ each item's byte span, and the dialect's parse state after the last item (its ``
 when the history begins with exactly those bytes, the transcript resumes from the kept state
 and only the new items are read and spanned.
 
+The parse state also depends on the request's offered ``tools``: calls written as text are read
+only for offered names, their values typed by the offered schemas
+(:mod:`proxy.dialects.text_calls`). An entry keeps the offered tools (as compact JSON of
+:func:`proxy.dialects.text_calls.offered_tools`), and a request resumes from it only when it
+offers exactly those; ``tool_choice`` is always the request's own.
+
 Decisions never depend on it (DESIGN principle 2): a miss (the first request, a restart,
 another replica, an edited or compacted history, other whitespace or key order, an evicted
 entry) reads the whole history, and both ways give the same transcript and the same spans
@@ -32,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.dialects import Dialect, jsonbody
+from proxy.dialects import Dialect, jsonbody, text_calls
 from proxy.transcript import Transcript
 
 Span = tuple[int, int]
@@ -52,12 +58,14 @@ class Prefix:
     """One conversation's kept history. ``items``: the body's bytes from the history's ``[``
     through the end of its last item. ``spans``: each item's (start, end), relative to that
     ``[``. ``fold``: the dialect's parse state after the last item (never fed again: copied
-    before resuming). ``size``: what it counts against the budget."""
+    before resuming). ``size``: what it counts against the budget. ``tools``: the offered tools
+    that state was read against (:func:`tools_key`)."""
 
     items: bytes
     spans: tuple[Span, ...]
     fold: Any
     size: int
+    tools: bytes = b"null"
 
 
 @dataclass(slots=True)
@@ -126,6 +134,16 @@ class PrefixCache:
         }
 
 
+def tools_key(tools: Any) -> bytes | None:
+    """Compact JSON of a request's offered tools (:func:`proxy.dialects.text_calls.offered_tools`,
+    None: ``null``), what an entry keeps of them; None when they cannot be written (nested too
+    deep), and the request is then read in full and not kept."""
+    try:
+        return jsonbody.dumps(tools)
+    except (RecursionError, TypeError, ValueError):
+        return None
+
+
 def read(
     raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None
 ) -> tuple[Transcript, list[Span] | None]:
@@ -147,10 +165,14 @@ def read(
     start = jsonbody.member_start(raw, jsonbody.root(raw), member, body)
     if start is None or raw[start : start + 1] != b"[":
         return dialect.parse_request(body), None
+    tools = text_calls.offered_tools(body)
+    offered = tools_key(tools)
+    if offered is None:
+        return dialect.parse_request(body), None
     kept = cache.get(dialect.PATH_SUFFIX, key)
     fold: Any = None
     spans: list[Span] | None = None
-    if kept is not None and raw.startswith(kept.items, start):
+    if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
         n = len(kept.spans)
         tail, end = jsonbody.items_after(raw, start + len(kept.items), listed[n:])
         if n + len(tail) == len(listed):
@@ -161,7 +183,7 @@ def read(
     if fold is None:
         spans = jsonbody.items(raw, start, listed)
         end = jsonbody.items_after(raw, spans[-1][1])[1] if spans else jsonbody.items_after(raw, start + 1)[1]
-        fold = dialect.Fold()
+        fold = dialect.Fold(tools)
         for pos, item in enumerate(listed):
             fold.feed(pos, item)
         cache.stats.misses += 1
@@ -170,13 +192,13 @@ def read(
     assert spans is not None
     if len(spans) != len(listed) or member in jsonbody.keys_after(raw, end, body):
         return dialect.parse_request(body), None  # the member given twice: decoders read the last
-    transcript = fold.finish(len(listed))
+    transcript = fold.finish(len(listed), body.get("tool_choice"))
     if spans:
         last = spans[-1][1]
         size = entry_size(last - start, len(fold.calls), len(spans))
         cache.put(
             dialect.PATH_SUFFIX,
             key,
-            Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size),
+            Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size, offered),
         )
     return transcript, spans

@@ -10,10 +10,11 @@ bytes. Any other exception is a bug and propagates; the server then forwards the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action
+from proxy.actions import Action, applied, mark_observed
 from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
@@ -63,6 +64,7 @@ def decide_request(
     dialect: Dialect = openai_chat,  # type: ignore[assignment]
     previous: Callable[[str], Entry | None] | None = None,
     prefixes: PrefixCache | None = None,
+    observed: AbstractSet[str] = frozenset(),
 ) -> RequestDecision:
     """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
     their actions.
@@ -81,6 +83,10 @@ def decide_request(
     (:mod:`proxy.request.prefix_cache`; None = read every history in full). The decision is the
     same with or without it.
 
+    ``observed``: the rule names in observe mode (issue 16,
+    :meth:`proxy.ops.config.Config.observed_rules`): their actions are in ``actions`` marked
+    ``observed`` and are not applied; with every rule observed the body is ``raw`` itself.
+
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
     try:
@@ -93,7 +99,18 @@ def decide_request(
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
     if dialect is openai_responses:
         return _decide_responses(
-            raw, body, headers, guards, header_names, now_ms, state_for, previous, model, stream, prefixes
+            raw,
+            body,
+            headers,
+            guards,
+            header_names,
+            now_ms,
+            state_for,
+            previous,
+            model,
+            stream,
+            prefixes,
+            observed,
         )
     key = conversation_key(headers, body, header_names)
     try:
@@ -101,16 +118,18 @@ def decide_request(
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
+    ctx = Context(conversation=key, now_ms=now_ms, state=state)
     try:
-        actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
+        actions = mark_observed(evaluate(transcript, guards, ctx, observed), observed)
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
+    enforced = applied(actions)
     out = None
-    if actions:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
+    if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
         out = (
-            dialect.apply(raw, actions, body, spans)
+            dialect.apply(raw, enforced, body, spans)
             if spans is not None
-            else dialect.apply(raw, actions, body)
+            else dialect.apply(raw, enforced, body)
         )
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
@@ -129,6 +148,7 @@ def _decide_responses(
     model: str | None,
     stream: bool | None,
     prefixes: PrefixCache | None,
+    observed: AbstractSet[str] = frozenset(),
 ) -> RequestDecision:
     """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains
     (a chained request is read in full: its kept chain is not in its bytes)."""
@@ -153,11 +173,13 @@ def _decide_responses(
     if previous is not None:
         chain = chain_of(entry, new, prev, keep=body.get("store") is not False)
     state = state_for(key) if state_for is not None else None
-    actions = tuple(evaluate(transcript, guards, Context(conversation=key, now_ms=now_ms, state=state)))
+    ctx = Context(conversation=key, now_ms=now_ms, state=state)
+    actions = mark_observed(evaluate(transcript, guards, ctx, observed), observed)
+    enforced = applied(actions)
     if entry is None:
-        out = openai_responses.apply(raw, actions, body, spans) if actions else None
+        out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
     else:
-        out = openai_responses.apply_chained(raw, actions, body, entry.count, entry.repair)
+        out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript, chain=chain)
     return RequestDecision(out, actions, True, key, model, stream, transcript, chain=chain)

@@ -5,5 +5,6 @@ and calls, and those decisions on them, for every wire), ``stream_guard`` (the s
 stream loop and a chat-completions stream), ``responses_stream`` (a Responses API answer, JSON and
 SSE), ``messages_stream`` (an Anthropic Messages answer, JSON and SSE), ``assemble`` (tool-call
 deltas into calls), ``degenerate``, ``sse`` (the SSE framer),
-``as_stream`` (a non-streaming request sent upstream as a stream).
+``as_stream`` (a non-streaming request sent upstream as a stream), ``repair`` (tool calls the
+model wrote as text, rewritten into structured calls: issue 13).
 """

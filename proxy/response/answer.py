@@ -47,14 +47,18 @@ class AnswerState:
     def said(self) -> str:
         return "".join(self._text)
 
-    def text(self, delta: str, reasoning: bool = False) -> Cut | None:
+    def text(self, delta: str, reasoning: bool = False, detect: bool = True) -> Cut | None:
         """A text delta. Returns the degenerate-text cut (not yet recorded anywhere) when the
-        text now ends in one span repeated ``degenerate_text.min_repeats`` times, else None."""
+        text now ends in one span repeated ``degenerate_text.min_repeats`` times, else None.
+        ``detect=False``: the delta is not read for degenerate text (held tool calls written as
+        text, :mod:`proxy.response.repair`)."""
         if not delta:
             return None
         if not reasoning:
             self.text_seen = True
             self._text.append(delta)
+        if not detect:
+            return None
         detector = self._reasoning if reasoning else self._content
         rep = detector.feed(delta) if detector is not None else None
         if rep is None:
@@ -72,14 +76,15 @@ class AnswerState:
         return runaway_cut(calls, cfg, self.complete)
 
     def decide(
-        self, calls: Sequence[AssembledCall], cut: Cut | None = None
+        self, calls: Sequence[AssembledCall], cut: Cut | None = None, text: str | None = None
     ) -> tuple[Sequence[AssembledCall], Cut | None, Stop | None]:
         """All of the answer's calls are in: (the calls kept, the runaway cut over all of them
-        unless ``cut`` is given, the stop judge's Stop on the kept calls and the text). The judge
-        is asked when calls are kept or the answer is text only."""
+        unless ``cut`` is given, the stop judge's Stop on the kept calls and the text: ``text``,
+        or the content seen). The judge is asked when calls are kept or the answer is text only."""
         if cut is None:
             cut = self.runaway(calls, len(calls))
         kept = calls[: cut.count] if cut else calls
         text_only = not calls and self.text_seen
-        stop = self._judge(kept, self.said) if self._judge is not None and (kept or text_only) else None
+        said = self.said if text is None else text
+        stop = self._judge(kept, said) if self._judge is not None and (kept or text_only) else None
         return kept, cut, stop

@@ -23,6 +23,8 @@
   ignored) beyond ``max_identical_per_response``; that call and everything after it are dropped.
   The stream relay applies the same rule as calls complete, so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
+- **Repair** (issue 13, :mod:`proxy.response.repair`): calls the model wrote as text become
+  structured calls before the two decisions above, which then judge them like any others.
 
 :func:`decide_json` rewrites a whole ``chat.completion`` body; the streaming counterpart is
 :mod:`proxy.response.stream_guard`. :func:`earlier_stops` finds the stops already in a conversation's
@@ -51,6 +53,7 @@ from proxy.guards.monologue import Monologue
 from proxy.ops.config import Config, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
+from proxy.response.repair import CUT_SHORT, Repairer
 from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"
@@ -316,9 +319,13 @@ def message_calls(message: dict[str, Any]) -> list[AssembledCall]:
     return out
 
 
-def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes | None, list[Action]]:
+def decide_json(
+    raw: bytes, judge: StopJudge | None, cfg: Config, repair: Repairer | None = None
+) -> tuple[bytes | None, list[Action]]:
     """Decide on a whole ``chat.completion`` body. Returns the rewritten body (None = forward the
-    original bytes) and the actions taken. A body that is not a completion is left alone."""
+    original bytes) and the actions taken. A body that is not a completion is left alone.
+    ``repair``: calls written as text in a choice without structured calls are rewritten first
+    (:mod:`proxy.response.repair`) and then judged like any other calls."""
     try:
         obj = jsonbody.decode(raw)
     except jsonbody.Unreadable:
@@ -327,10 +334,18 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
         return None, []
     actions: list[Action] = []
     changed = False
-    for choice in obj["choices"]:
+    for n, choice in enumerate(obj["choices"]):
         msg = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(msg, dict):
             continue
+        fixed = None
+        if repair is not None and not message_calls(msg) and choice.get("finish_reason") not in CUT_SHORT:
+            index = choice.get("index")
+            fixed = repair.message(msg, index if isinstance(index, int) else n)
+        if fixed is not None:
+            actions.append(fixed)
+            choice["finish_reason"] = "tool_calls"
+            changed = True
         for field, reason in (("content", "content"), *((f, "reasoning") for f in REASONING_FIELDS)):
             text = msg.get(field)
             repeats = detect_text(text, cfg) if isinstance(text, str) else None
@@ -400,3 +415,83 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
         if isinstance(content, str) and any(p.search(content[-_TAIL:]) for p in patterns):
             out.append(Stop(text=content, rule=STOP_RULE, tool="", count=0, limit=None, fresh=False))
     return out
+
+
+def cuts_enabled(cfg: Config) -> bool:
+    """The runaway or degenerate-text checks, or the repair of text tool calls, are on
+    (``response.*``: what ``response.mode`` covers)."""
+    r = cfg.response
+    return bool(
+        r.max_calls_per_response
+        or r.max_identical_per_response
+        or r.degenerate_text.enabled
+        or r.repair_text_tool_calls
+    )
+
+
+def without_cuts(cfg: Config) -> Config:
+    """``cfg`` with the runaway and degenerate-text checks and the repair off (the part
+    ``response.mode`` covers)."""
+    r = cfg.response
+    off = dataclasses.replace(
+        r,
+        max_calls_per_response=0,
+        max_identical_per_response=0,
+        degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
+        repair_text_tool_calls=False,
+    )
+    return dataclasses.replace(cfg, response=off)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deciders:
+    """The response side of one request split by mode (issue 16): what is enforced
+    (``cfg``, ``judge``: applied to the agent's answer) and what is observed (``shadow_cfg``,
+    ``shadow_judge``: decided on the same answer, applied never). Without observed rules the
+    shadow has nothing on and ``judge`` is the usual one."""
+
+    cfg: Config
+    judge: StopJudge | None
+    shadow_cfg: Config
+    shadow_judge: StopJudge | None
+
+    @property
+    def enforcing(self) -> bool:
+        return self.judge is not None or cuts_enabled(self.cfg)
+
+    @property
+    def observing(self) -> bool:
+        return self.shadow_judge is not None or cuts_enabled(self.shadow_cfg)
+
+
+def deciders(
+    transcript: Transcript | None,
+    request_actions: Sequence[Action],
+    guards: Sequence[Guard],
+    ctx: Context,
+    cfg: Config,
+) -> Deciders:
+    """Split the response side by ``cfg.observed_rules()``: the cuts go to the enforced part
+    unless ``response.mode`` is observe; an enforced stop judge reads only the applied request
+    actions and asks only the enforced guards (so the stop text it writes is true), while an
+    observed one (``stop.mode: observe``, or any guard observed: the stop enforcing it would
+    make) reads all of them and asks every guard. ``transcript`` None: no judge at all."""
+    observed = cfg.observed_rules()
+    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
+    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
+    judge = shadow = None
+    if transcript is not None and StopJudge.enabled(cfg):
+        if "stop" not in observed:
+            enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
+            kept = tuple(a for a in request_actions if not a.observed)
+            judge = StopJudge(transcript, kept, enforced, ctx, cfg)
+        if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
+            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg)
+    return Deciders(enforce_cfg, judge, shadow_cfg, shadow)
+
+
+def observed_actions(applied: Sequence[Action], shadow: Sequence[Action]) -> list[Action]:
+    """The shadow's actions to report, marked observed: a shadow stop only when no stop was
+    applied (one answer is stopped once)."""
+    stopped = any(isinstance(a, Stop) for a in applied)
+    return [dataclasses.replace(a, observed=True) for a in shadow if not (stopped and isinstance(a, Stop))]

@@ -45,6 +45,7 @@ from typing import Any
 
 from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
+from proxy.dialects.text_calls import OPEN_TAGS, Found
 from proxy.ops.config import Config
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall, CallAssembler
@@ -52,6 +53,7 @@ from proxy.response.decide import (
     REASONING_FIELDS,
     StopJudge,
 )
+from proxy.response.repair import CUT_SHORT, Repairer
 from proxy.response.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
@@ -76,6 +78,8 @@ class _Held:
     obj: dict[str, Any] | None = None
     call_choices: frozenset[int] = frozenset()
     finish_choices: frozenset[int] = frozenset()
+    #: per choice with content in this event: where that content starts in the choice's content
+    text_at: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -83,11 +87,22 @@ class _Choice:
     answer: AnswerState  # the choice's text and the decisions on it (proxy.response.answer)
     calls: CallAssembler = field(default_factory=CallAssembler)
     finished: bool = False
+    upstream_finish: str | None = None  # the finish_reason the upstream sent
     pending: bool = False  # call deltas held, no decision yet
     # the decision
     drop_calls: bool = False
     finish_reason: str | None = None
     insert: list[bytes] = field(default_factory=list)
+    # repair of calls written as text (issue 13): the content so far, and whether it is held
+    content: list[str] = field(default_factory=list)
+    length: int = 0
+    tail: str = ""  # the content's last characters, for an opening tag split across deltas
+    text_hold: bool = False  # content held from a possible opening tag on
+    tag_seen: bool = False  # a whole opening tag came: held to the finish
+    drop_text: bool = False  # repaired: held content is replaced
+    close_tail: str = ""  # the content's last characters, for a closing tag split across deltas
+    so_far: tuple[Found, list[AssembledCall]] | None = None  # the complete text calls so far
+    watch_runaway: bool = True  # the calls so far are read at each closing tag
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -217,15 +232,35 @@ class FramedGuard:
         raise NotImplementedError
 
 
+def _partial_tag(text: str) -> bool:
+    """``text`` ends in the start of an opening tag (``<``, ``<tool_``, ``<function``, …)."""
+    start = text.rfind("<", max(0, len(text) - _TAG_MAX))
+    return start >= 0 and any(t.startswith(text[start:]) for t in OPEN_TAGS)
+
+
+_TAG_MAX = max(map(len, OPEN_TAGS))
+_CLOSE_TAGS = ("</tool_call>", "</function>")
+
+
 class StreamGuard(FramedGuard):
-    """One streamed chat completion."""
+    """One streamed chat completion. ``repair``: the request's repair of calls written as text
+    (:mod:`proxy.response.repair`; None = off): a choice without structured calls streams its
+    content until a possible opening tag (``<tool_call>``, ``<function=``, or the start of one at
+    the end of the content so far) appears; from there its events are held. A start that turns out
+    to be no tag lets them go at once; a whole tag holds them to the choice's finish, where the
+    content is repaired (the held content replaced by the rest of the text before the first block,
+    then one ``tool_calls`` delta per call, and ``finish_reason: "tool_calls"``; the calls judged
+    like any others) or released unchanged. Each time a block closes, the calls complete so far
+    are read and the runaway rule applied, so a runaway written as text is cut as it streams (the
+    kept calls repaired, the upstream closed), as structured calls are."""
 
-    __slots__ = ("_base", "_choices")
+    __slots__ = ("_base", "_choices", "_repair")
 
-    def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
+    def __init__(self, cfg: Config, judge: StopJudge | None, repair: Repairer | None = None) -> None:
         super().__init__(cfg, judge)
         self._choices: dict[int, _Choice] = {}
         self._base: dict[str, Any] | None = None
+        self._repair = repair
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -254,6 +289,7 @@ class StreamGuard(FramedGuard):
             self._base = base | {"object": "chat.completion.chunk"}
         calls: set[int] = set()
         finished: set[int] = set()
+        text_at: dict[int, int] = {}
         cut: Cut | None = None
         runaway: tuple[int, Cut] | None = None
         for part in obj["choices"]:
@@ -266,6 +302,23 @@ class StreamGuard(FramedGuard):
                 continue
             delta = part.get("delta")
             delta = delta if isinstance(delta, dict) else {}
+            content = delta.get("content")
+            if self._repair is not None and isinstance(content, str) and content:
+                text_at[ci] = ch.length
+                ch.content.append(content)
+                ch.length += len(content)
+                if not ch.calls.calls:
+                    was = ch.text_hold
+                    self._watch(ch, content)
+                    if ch.text_hold:
+                        calls.add(ci)
+                        ch.pending = True
+                    elif was:
+                        ch.pending = False  # a start of a tag that was none: what it held goes out
+                    closed = ch.tag_seen and ch.watch_runaway and self._block_closed(ch, content)
+                    if closed and runaway is None:
+                        rc = self._text_runaway(ci, ch)
+                        runaway = (ci, rc) if rc else None
             cut = cut or self._texts(ch, delta)
             tcs = delta.get("tool_calls")
             if (isinstance(tcs, list) and tcs) or isinstance(delta.get("function_call"), dict):
@@ -278,10 +331,12 @@ class StreamGuard(FramedGuard):
                 self.complete = True
                 finished.add(ci)
                 ch.finished = True
+                ch.upstream_finish = part["finish_reason"]
                 if not ch.pending and ch.answer.text_seen and getattr(self._judge, "on_text_only", False):
                     calls.add(ci)  # hold this finish: the judge may stop a text-only answer (monologue)
                     ch.pending = True
-        self._hold_or_emit(_Held(ev.raw, obj, frozenset(calls), frozenset(finished)), bool(calls), out)
+        held = _Held(ev.raw, obj, frozenset(calls), frozenset(finished), text_at)
+        self._hold_or_emit(held, bool(calls), out)
         if runaway is not None:
             self._abort(out, runaway=runaway)
         elif cut is not None:
@@ -290,12 +345,14 @@ class StreamGuard(FramedGuard):
         else:
             for ci in sorted(finished):
                 self._decide(ci)
-            self._release(out)
+            self._release(out)  # also what a start of a tag that was none held (``released``)
 
     def _choice(self, ci: int) -> _Choice:
         ch = self._choices.get(ci)
         if ch is None:
             ch = self._choices[ci] = _Choice(AnswerState(self._cfg, self._judge))
+            r = self._cfg.response
+            ch.watch_runaway = bool(r.max_calls_per_response or r.max_identical_per_response)
         return ch
 
     @staticmethod
@@ -305,9 +362,46 @@ class StreamGuard(FramedGuard):
         for key in ("content", *REASONING_FIELDS):
             text = delta.get(key)
             if isinstance(text, str):
-                cut = ch.answer.text(text, reasoning=key != "content")
+                # content held after a whole opening tag is calls to be (repeated blocks are no
+                # degenerate text): the runaway rule judges them once repaired
+                detect = key != "content" or not (ch.tag_seen and not ch.calls.calls)
+                cut = ch.answer.text(text, reasoning=key != "content", detect=detect)
                 found = found or cut
         return found
+
+    @staticmethod
+    def _block_closed(ch: _Choice, delta: str) -> bool:
+        """A closing tag (``</tool_call>``, ``</function>``) ends in ``delta``."""
+        window = ch.close_tail + delta
+        ch.close_tail = window[-len(_CLOSE_TAGS[0]) :]
+        return any(t in window for t in _CLOSE_TAGS)
+
+    def _text_runaway(self, ci: int, ch: _Choice) -> Cut | None:
+        """The runaway rule over the text calls complete so far (the text up to its last closing
+        tag, when that parses), so that a runaway written as text is cut as it streams."""
+        assert self._repair is not None
+        text = "".join(ch.content)
+        end = max(text.rfind(t) + len(t) if t in text else -1 for t in _CLOSE_TAGS)
+        got = self._repair.calls(text[:end], ci) if end > 0 else None
+        if got is None:
+            # text up to a </tool_call> that does not parse will not parse later either (short of
+            # that tag inside a JSON string): stop reading it as it streams, repair may still run
+            ch.watch_runaway = not text.endswith(_CLOSE_TAGS[0], 0, end)
+            return None
+        ch.so_far = got
+        return ch.answer.runaway(got[1], len(got[1]))
+
+    @staticmethod
+    def _watch(ch: _Choice, delta: str) -> None:
+        """Hold the choice's content once a possible opening tag appears (class docstring)."""
+        if ch.tag_seen:
+            return
+        window = ch.tail + delta
+        if any(t in window for t in OPEN_TAGS):
+            ch.tag_seen = ch.text_hold = True
+            return
+        ch.text_hold = _partial_tag(window)
+        ch.tail = window[-_TAG_MAX:]
 
     # --- decisions --------------------------------------------------------------------------------
 
@@ -317,6 +411,13 @@ class StreamGuard(FramedGuard):
         if not ch.pending:
             return
         ch.pending = False
+        if (
+            ch.text_hold
+            and not ch.calls.calls
+            and ch.upstream_finish not in CUT_SHORT  # cut short: never repaired
+            and self._repaired(ci, ch, cut)
+        ):
+            return
         kept, cut, stop = ch.answer.decide(ch.calls.calls, cut)
         if cut is not None:
             self.actions.append(cut)
@@ -329,6 +430,32 @@ class StreamGuard(FramedGuard):
             ch.drop_calls = True
             ch.finish_reason = finish
             ch.insert = [self._call_chunk(ci, k, c) for k, c in enumerate(kept)]
+
+    def _repaired(self, ci: int, ch: _Choice, cut: Cut | None = None) -> bool:
+        """Repair choice ``ci``'s held content when it holds calls; False when it does not.
+        ``cut``: the runaway cut that ends it mid-stream (over the calls complete so far)."""
+        assert self._repair is not None
+        got = ch.so_far if cut is not None else self._repair.calls("".join(ch.content), ci)
+        if got is None:
+            return False
+        found, calls = got
+        held_from = min((h.text_at[ci] for h in self._held if ci in h.text_at), default=ch.length)
+        text = found.text.rstrip()
+        rest = text[held_from:]
+        kept, cut, stop = ch.answer.decide(calls, cut, text=text)
+        self.actions.append(self._repair.action(found))
+        if cut is not None:
+            self.actions.append(cut)
+        ch.drop_calls = ch.drop_text = True
+        if stop is not None:
+            self.actions.append(stop)
+            ch.finish_reason = "stop"
+            ch.insert = [self._chunk(ci, {"content": f"{rest}\n\n{stop.text}" if text else stop.text})]
+        else:
+            ch.finish_reason = "tool_calls"
+            ch.insert = [self._chunk(ci, {"content": rest})] if rest else []
+            ch.insert += [self._call_chunk(ci, k, c) for k, c in enumerate(kept)]
+        return True
 
     def _end_of_stream(self, out: bytearray) -> None:
         self._end_all(out)
@@ -389,7 +516,9 @@ class StreamGuard(FramedGuard):
     def _render(self, h: _Held) -> bytes:
         if h.obj is None:
             return h.raw
-        touched = {ci for ci in h.call_choices | h.finish_choices if self._choices[ci].drop_calls}
+        touched = {
+            ci for ci in h.call_choices | h.finish_choices | h.text_at.keys() if self._choices[ci].drop_calls
+        }
         if not touched:
             return h.raw
         prefix = b""
@@ -403,6 +532,8 @@ class StreamGuard(FramedGuard):
             ch = self._choices[ci]
             delta = part.get("delta") if isinstance(part.get("delta"), dict) else {}
             kept = {k: v for k, v in delta.items() if k not in ("tool_calls", "function_call")}
+            if ch.drop_text and ci in h.text_at:
+                kept.pop("content", None)
             part = {**part, "delta": kept}
             if ci in h.finish_choices:
                 prefix += b"".join(ch.insert)
