@@ -7,8 +7,11 @@ one cache for the whole replay, one cleared at random points, and one whose budg
 small entry (evictions). Every request must give byte-identical upstream bodies, identical actions
 and an identical transcript. The conversations: every loop fixture (:mod:`tests.corpus`), every
 recorded real run (:mod:`tests.realtraj`, ``$LOOPGUARD_REALTRAJ``), each as chat, as Responses input
-items (:mod:`tests.responses_items`) and as Messages content blocks (:mod:`tests.messages_blocks`),
-and random conversations from hypothesis, serialized with random whitespace.
+items (:mod:`tests.responses_items`), as Messages content blocks (:mod:`tests.messages_blocks`) and
+as chat with its calls written as text (:mod:`tests.text_form`: hermes, XML, XML with
+``<tool_response>`` user messages), and random conversations from hypothesis, serialized with
+random whitespace. A conversation whose offered ``tools`` change between requests (text calls are
+read against them) decides as without the cache too.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request.prefix_cache import Prefix, PrefixCache, read
 from proxy.request.rewrite import RequestDecision, decide_request
-from tests import messages_blocks, realtraj, responses_items
+from tests import messages_blocks, realtraj, responses_items, text_form
 from tests.corpus import default_config, load_fixtures
 from tests.fakes import FakeUpstream
 
@@ -53,6 +56,9 @@ def _same(a: RequestDecision, b: RequestDecision, where: str) -> None:
     assert a.body == b.body, f"{where}: upstream bytes differ"
     assert a.actions == b.actions, f"{where}: actions differ"
     assert a.transcript == b.transcript, f"{where}: transcripts differ"
+    if a.transcript is not None and b.transcript is not None:  # not compared by ==
+        assert a.transcript.tools == b.transcript.tools, f"{where}: offered tools differ"
+        assert a.transcript.tool_choice == b.transcript.tool_choice, f"{where}: tool_choice differs"
     assert (a.changed, a.conversation, a.unguarded) == (b.changed, b.conversation, b.unguarded), where
 
 
@@ -90,6 +96,16 @@ def chat_requests(messages: list[dict[str, Any]], tools: Any, most: int) -> list
     return [orjson.dumps({"model": "m", "messages": messages[:i], **extra}) for i in _ends(messages, most)]
 
 
+def text_requests(messages: list[dict[str, Any]], tools: Any, most: int, wire: str) -> list[bytes]:
+    """The chat requests with every call written as text (:data:`tests.corpus.WIRES` ``hermes``,
+    ``xml``, ``xml_user``: :class:`tests.text_form.TextForm`)."""
+    form = text_form.TextForm(
+        messages, "hermes" if wire == "hermes" else "xml", "user" if wire == "xml_user" else "tool"
+    )
+    extra = {"tools": tools} if tools else {}
+    return [orjson.dumps({"model": "m", "messages": form.before(i), **extra}) for i in _ends(messages, most)]
+
+
 def responses_requests(messages: list[dict[str, Any]], most: int) -> list[bytes]:
     traced = responses_items.trace_items(messages)
     return [orjson.dumps(traced.body(i)) for i in _ends(messages, most)]
@@ -110,18 +126,28 @@ CONVERSATIONS = _conversations()
 
 
 @pytest.mark.parametrize(("name", "messages", "tools"), CONVERSATIONS, ids=[c[0] for c in CONVERSATIONS])
-@pytest.mark.parametrize("wire", ["chat", "responses", "messages"])
+@pytest.mark.parametrize("wire", ["chat", "responses", "messages", "hermes", "xml", "xml_user"])
 def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
     name: str, messages: list[dict[str, Any]], tools: Any, wire: str
 ) -> None:
     most = MAX_REQUESTS[name.split("/")[0]]
     if wire == "chat":
         bodies, dialect = chat_requests(messages, tools, most), openai_chat
+    elif wire in ("hermes", "xml", "xml_user"):
+        bodies, dialect = text_requests(messages, tools, most, wire), openai_chat
     elif wire == "responses":
         bodies, dialect = responses_requests(messages, most), openai_responses
     else:
         bodies, dialect = messages_requests(messages, most), anthropic_messages
     cache = replay(bodies, dialect, seed=len(name))  # type: ignore[arg-type]
+    if wire in ("hermes", "xml", "xml_user"):  # the text form reads every call the chat form has
+        text, chat = (
+            _decide(b, openai_chat, None).transcript
+            for b in (bodies[-1], chat_requests(messages, tools, most)[-1])
+        )
+        assert text is not None and chat is not None
+        # (names only: XML values are typed by the offered schemas, strings where none is offered)
+        assert [c.name for c in text.calls] == [c.name for c in chat.calls]
     # each request after the first extends the one before: all of them resume the kept prefix
     assert (cache.stats.hits, cache.stats.misses) == (len(bodies) - 1, 1)
 
@@ -404,3 +430,110 @@ def test_a_kept_prefix_resumed_twice_gives_each_continuation_its_own_transcript(
     cache.put(dialect.PATH_SUFFIX, "s1", kept)  # the kept prefix again
     _same(_decide(bodies[2], dialect, cache), _decide(bodies[2], dialect, None), "second continuation")
     assert cache.stats.hits == 2
+
+
+# --- the offered tools are part of what a kept prefix holds -----------------------------------
+
+
+def _tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = {"type": "object", "properties": properties or {}}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+#: One step of calls written as text, its result a ``<tool_response>`` user message (Qwen form).
+TEXT_STEP = [
+    {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "bash", "arguments": {"command": "pytest -x"}}\n</tool_call>',
+    },
+    {"role": "user", "content": "<tool_response>\nFAILED tests/x.py\n</tool_response>"},
+]
+
+
+def _text_chat(steps: int, tools: list[dict[str, Any]] | None) -> bytes:
+    extra: dict[str, Any] = {"tools": tools} if tools is not None else {}
+    return _chat([{"role": "user", "content": "go"}, *TEXT_STEP * steps], **extra)
+
+
+def test_a_conversation_whose_offered_tools_change_decides_as_without_the_cache() -> None:
+    # Text calls are calls only for offered names: the same history is 0 or n calls depending on
+    # the tools, so a kept prefix is resumed only by a request offering exactly its tools.
+    bash, other = [_tool("bash")], [_tool("read_file")]
+    requests = [  # (steps, tools, calls the reference reads, hit)
+        (2, bash, 2, False),
+        (3, other, 0, False),  # bash not offered: its blocks are text, their results user turns
+        (4, bash, 4, False),
+        (5, None, 5, False),  # no tools: any well-formed name is a call
+        (6, bash, 6, False),
+        (7, bash, 7, True),  # the same tools again: resumes
+    ]
+    cache = PrefixCache(1 << 20)
+    seen: list[tuple[int, tuple[str, ...]]] = []
+    for n, (steps, tools, calls, hit) in enumerate(requests):
+        raw = _text_chat(steps, tools)
+        hits = cache.stats.hits
+        want = _decide(raw, openai_chat, None)
+        got = _decide(raw, openai_chat, cache)
+        _same(got, want, f"request {n}")
+        assert got.body == want.body
+        assert cache.stats.hits - hits == int(hit), f"request {n}"
+        assert want.transcript is not None
+        seen.append((len(want.transcript.calls), tuple(sorted({a.rule for a in want.actions}))))
+        assert seen[-1][0] == calls, f"request {n}"
+    # the tools decide the actions too (so a resumed state read against other tools would show)
+    assert seen == [
+        (2, ()),
+        (0, ()),
+        (4, ("repeat_reminder",)),
+        (5, ("repeat_reminder",)),
+        (6, ("escalation", "repeat_reminder")),
+        (7, ("circuit_breaker", "escalation", "repeat_reminder")),
+    ]
+    assert (cache.stats.hits, cache.stats.misses) == (1, 5)
+
+
+def test_offered_tools_with_the_same_names_and_other_schemas_are_not_resumed() -> None:
+    # An XML parameter's value is typed by the offered schema: "5" as a string, 5 as an integer.
+    step = [
+        {
+            "role": "assistant",
+            "content": "<tool_call>\n<function=sleep>\n<parameter=seconds>\n5\n</parameter>\n"
+            "</function>\n</tool_call>",
+        },
+        {"role": "tool", "content": "slept"},
+    ]
+    history = [{"role": "user", "content": "wait"}, *step]
+    as_int = [_tool("sleep", {"seconds": {"type": "integer"}})]
+    as_str = [_tool("sleep", {"seconds": {"type": "string"}})]
+    cache = PrefixCache(1 << 20)
+    for n, (messages, tools, value) in enumerate(
+        [(history, as_int, 5), ([*history, *step], as_str, "5"), ([*history, *step, *step], as_str, "5")]
+    ):
+        raw = _chat(messages, tools=tools, tool_choice="auto")
+        want = _decide(raw, openai_chat, None)
+        _same(_decide(raw, openai_chat, cache), want, f"request {n}")
+        assert want.transcript is not None
+        assert [c.arguments for c in want.transcript.calls] == [{"seconds": value}] * (n + 1)
+        assert want.transcript.tool_choice == "auto"
+    assert (cache.stats.hits, cache.stats.misses) == (1, 2)
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses"])
+def test_tool_choice_is_the_current_requests_on_a_resumed_prefix(wire: str) -> None:
+    cache = PrefixCache(1 << 20)
+    dialect: Any = openai_chat if wire == "chat" else openai_responses
+    for n, choice in enumerate(["auto", "none", None]):
+        messages = [{"role": "user", "content": "go"}, *STEP * (n + 1)]
+        extra: dict[str, Any] = {"tool_choice": choice} if choice is not None else {}
+        if wire == "chat":
+            raw = _chat(messages, tools=[_tool("bash")], **extra)
+        else:
+            raw = orjson.dumps(
+                {**responses_items.responses_body(messages), "tools": [_tool("bash")], **extra}
+            )
+        got = _decide(raw, dialect, cache)
+        _same(got, _decide(raw, dialect, None), f"request {n}")
+        assert got.transcript is not None
+        assert got.transcript.tool_choice == choice
+        assert got.transcript.tools == {"bash": {"type": "object", "properties": {}}}
+    assert (cache.stats.hits, cache.stats.misses) == (2, 1)
