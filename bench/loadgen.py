@@ -13,6 +13,10 @@ Reads one JSON command per line on stdin and answers each with one JSON line on 
 - ``{"op": "memory", "url": BASE, "start": K0, "count": N, "concurrency": C, "conversations": V}``
   sends requests ``K0 … K0+N-1`` where request ``k`` is request ``k // V + 1`` of conversation
   ``k % V`` (:func:`workloads.memory_body`). Answer: ``n``, ``errors``, ``first_error``, ``elapsed``.
+- ``{"op": "session", "url": BASE, "start": B0, "end": B1, "requests": N}`` sends the agent
+  session of :func:`workloads.session_bodies` one request after the other (concurrency 1).
+  Answer: ``n``, ``errors``, ``first_error``, ``lat`` (ms per request, in order), ``bytes`` (each
+  body's size).
 - ``{"op": "quit"}``.
 """
 
@@ -41,6 +45,7 @@ class LoadGen:
     def __init__(self) -> None:
         self.sessions: dict[str, aiohttp.ClientSession] = {}
         self.bodies: dict[str, bytes] = {}
+        self.sessions_bodies: dict[tuple[Any, ...], list[bytes]] = {}
 
     def session(self, url: str) -> aiohttp.ClientSession:
         if url not in self.sessions:
@@ -147,6 +152,34 @@ class LoadGen:
         out["elapsed"] = time.perf_counter() - t_begin
         return out
 
+    async def session_run(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        url = cmd["url"].rstrip("/") + PATH
+        key = ("session", cmd["start"], cmd["end"], cmd["requests"])
+        if key not in self.sessions_bodies:
+            self.sessions_bodies[key] = workloads.session_bodies(cmd["start"], cmd["end"], cmd["requests"])
+        bodies = self.sessions_bodies[key]
+        session = self.session(cmd["url"])
+        out: dict[str, Any] = {"n": 0, "errors": 0, "first_error": None, "lat": [], "bytes": []}
+        for body in bodies:
+            t0 = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=HEADERS) as r:
+                    await r.read()
+                    status = r.status
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                out["errors"] += 1
+                out["first_error"] = out["first_error"] or f"{type(exc).__name__}: {exc}"
+                continue
+            t1 = time.perf_counter()
+            if status != 200:
+                out["errors"] += 1
+                out["first_error"] = out["first_error"] or f"HTTP {status}"
+                continue
+            out["n"] += 1
+            out["lat"].append(round((t1 - t0) * 1000, 4))
+            out["bytes"].append(len(body))
+        return out
+
     async def close(self) -> None:
         for s in self.sessions.values():
             await s.close()
@@ -170,6 +203,8 @@ async def main() -> None:
                 result = await gen.batch(cmd)
             elif cmd["op"] == "memory":
                 result = await gen.memory(cmd)
+            elif cmd["op"] == "session":
+                result = await gen.session_run(cmd)
             else:
                 result = {"error": f"unknown op {cmd['op']!r}"}
             sys.stdout.buffer.write(orjson.dumps(result) + b"\n")

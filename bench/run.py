@@ -11,7 +11,9 @@ Processes (each its own): a fast fake upstream (``fake_upstream.py``), the load 
    ``proxy.ops.config`` (read at run time), and the response side's limits at their off value;
 4. ``loopguard``: loopguard with the default guards; every body is a looping conversation, so
    reminders and denials are injected on every request;
-5. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
+5. ``loopguard-nocache``: the default guards with ``prefix_cache.max_bytes_mb: 0`` (every
+   history read in full, as before issue 15);
+6. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
    ``~/.cache/loopguard-bench`` and configured with the fake upstream as an OpenAI-compatible model.
 
 An arm that cannot be installed or started is reported as ``not run`` with the reason.
@@ -20,7 +22,9 @@ Workloads, on every arm, interleaved (each round runs every arm once per workloa
 rotating every round, so machine drift hits all arms alike): ``small`` (4 KB looping chat, not
 streamed), ``agent`` (1 MiB history with ~300 tool calls, not streamed), ``stream`` (the small chat
 answered with 64 SSE events 5 ms apart), each at concurrency 1 (latency) and 16 (throughput); then
-body-size scaling (10 KB, 100 KB, 1 MB, 5 MB histories, concurrency 1) and the memory test
+body-size scaling (10 KB, 100 KB, 1 MB, 5 MB histories, concurrency 1), the agent session (one
+conversation growing from 10 KB to 5 MB over 120 requests, each the previous one plus the next
+steps, concurrency 1; issue 15) and the memory test
 (10,000 requests over 1,000 distinct conversations on fresh loopguard processes, one with the
 default guards and one with every guard on).
 
@@ -65,12 +69,13 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Sent as ``Authorization: Bearer …`` by the load generator to every arm; LiteLLM's master key.
 BENCH_KEY = "sk-bench-" + secrets.token_hex(16)
 
-ARMS = ("direct", "bare", "loopguard-off", "loopguard", "litellm")
+ARMS = ("direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache", "litellm")
 ARM_LABELS = {
     "direct": "direct (no proxy)",
     "bare": "bare aiohttp proxy",
     "loopguard-off": "loopguard, guards off",
     "loopguard": "loopguard, default guards",
+    "loopguard-nocache": "loopguard, default guards, prefix cache off (before issue 15)",
     "litellm": "LiteLLM proxy",
 }
 WORKLOADS = ("small", "agent", "stream")
@@ -571,6 +576,8 @@ class Plan:
     memory_first: int
     memory_total: int
     memory_conversations: int
+    #: the agent session (issue 15): (first body bytes, last body bytes, requests)
+    session: tuple[int, int, int] = (10 * 1024, 5 * 1024 * 1024, 120)
 
 
 FULL = Plan(
@@ -612,6 +619,7 @@ SMOKE = Plan(
     memory_first=10,
     memory_total=50,
     memory_conversations=10,
+    session=(10 * 1024, 200 * 1024, 6),
 )
 
 
@@ -661,6 +669,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bare": lambda: start_bare(tmp, upstream.url),
             "loopguard-off": lambda: start_loopguard("loopguard-off", tmp, upstream.url, None, guards=False),
             "loopguard": lambda: start_loopguard("loopguard", tmp, upstream.url, None),
+            "loopguard-nocache": lambda: start_loopguard(
+                "loopguard-nocache", tmp, upstream.url, {"prefix_cache": {"max_bytes_mb": 0}}
+            ),
             "litellm": lambda: start_litellm(tmp, upstream.url, args.litellm_upgrade),
         }
         for name, start in starters.items():
@@ -754,6 +765,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if arms["loopguard-off"].ok:
             result["loopguard_off_stats"] = _get_json(f"{arms['loopguard-off'].url}/loop-guard")
 
+        # the agent session (concurrency 1): every arm, plus loopguard with its prefix cache off
+        log("agent session")
+        result["session"] = session_test(gen, tmp, upstream.url, plan, live)
+
         # memory: fresh loopguard processes (default guards; every guard on), distinct conversations
         for a in live:
             if a.name != "direct":
@@ -771,6 +786,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["targets"] = targets(result)
     result["duration_s"] = round(time.monotonic() - t_run, 1)
     return result
+
+
+def session_test(gen: LoadGen, tmp: Path, upstream: str, plan: Plan, live: list[Arm]) -> dict[str, Any]:
+    """The agent session of :func:`workloads.session_bodies` on every live arm, one after the
+    other. Per arm: the added latency of each request over direct's for the same request, and the
+    medians of its first and last 10% of requests."""
+    start, end, requests = plan.session
+    lat: dict[str, dict[str, Any]] = {}
+    for a in live:
+        cmd = {"op": "session", "url": a.url, "start": start, "end": end, "requests": requests}
+        lat[a.name] = gen.call(cmd)
+    direct = lat.get("direct", {}).get("lat") or []
+    out: dict[str, Any] = {"start_bytes": start, "end_bytes": end}
+    for name, r in lat.items():
+        row: dict[str, Any] = {"n": r["n"], "errors": r["errors"], "first_error": r["first_error"]}
+        if r["errors"] == 0 and len(r["lat"]) == len(direct) and direct:
+            added = [x - d for x, d in zip(r["lat"], direct, strict=True)]
+            k = max(1, len(added) // 10)
+            row.update(
+                requests=len(added),
+                first_bytes=r["bytes"][0],
+                last_bytes=r["bytes"][-1],
+                first10_added_p50_ms=pct(added[:k], 0.5),
+                last10_added_p50_ms=pct(added[-k:], 0.5),
+                total_s=sum(r["lat"]) / 1000,
+            )
+            row["growth"] = div(row["last10_added_p50_ms"], row["first10_added_p50_ms"])
+        out[name] = row
+    return out
 
 
 def _get_json(url: str) -> Any:
@@ -831,7 +875,7 @@ def _cell(result: dict[str, Any], cell: str, arm: str, key: str) -> float | None
 def ratios(result: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for w in WORKLOADS:
-        for lg in ("loopguard", "loopguard-off"):
+        for lg in ("loopguard", "loopguard-nocache", "loopguard-off"):
             for other in ("bare", "litellm"):
                 out[f"{lg}/{other} req/s {w}/c16"] = div(
                     _cell(result, f"{w}/c16", lg, "rps"), _cell(result, f"{w}/c16", other, "rps")
@@ -869,6 +913,21 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     cmp("loopguard (defaults) req/s at c16 ≥ 0.5 × bare, 1 MB", "loopguard", "bare", "agent", 0.5)
     cmp("loopguard (defaults) req/s at c16 ≥ 3 × LiteLLM, small", "loopguard", "litellm", "small", 3.0)
     cmp("loopguard (defaults) req/s at c16 ≥ 3 × LiteLLM, 1 MB", "loopguard", "litellm", "agent", 3.0)
+    # issue 15
+    off15 = "issue 15: loopguard (guards off) req/s at c16 ≥ 0.9 × bare"
+    cmp(f"{off15}, small", "loopguard-off", "bare", "small", 0.9)
+    cmp(f"{off15}, 1 MB", "loopguard-off", "bare", "agent", 0.9)
+    for w in WORKLOADS:
+        cmp(f"issue 15: loopguard (defaults) req/s at c16 ≥ 20 × LiteLLM, {w}", "loopguard", "litellm", w, 20)
+    sess = result.get("session", {}).get("loopguard", {})
+    g = sess.get("growth")
+    target(
+        "issue 15: agent session, loopguard added p50 of the last 10% ≤ 1.5 × the first 10%",
+        {"loopguard", "direct"},
+        None if g is None else g <= 1.5,
+        f"{f(sess.get('first10_added_p50_ms'))} → {f(sess.get('last10_added_p50_ms'))} ms ({f(g, 1)}×)"
+        if g is not None else "",
+    )
     for w in WORKLOADS:
         for c in CONCURRENCY:
             key = "added_ttfb_p50_ms" if w == "stream" else "added_p50_ms"
@@ -1016,6 +1075,30 @@ def report(res: dict[str, Any]) -> str:
             f"{sc['5MB']['bytes'] / sc['1MB']['bytes']:.1f}×; linear growth would give about that).",
             "",
         ]
+    sess = res.get("session", {})
+    if sess:
+        lines += [
+            f"## Agent session (one conversation growing {sess['start_bytes'] // 1024:,} KB → "
+            f"{sess['end_bytes'] // 1024:,} KB, each request the previous one plus the next steps; "
+            "concurrency 1)",
+            "",
+            "| arm | requests | bytes first → last | added p50 first 10% ms | added p50 last 10% ms "
+            "| last / first | whole session s |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, row in sess.items():
+            if not isinstance(row, dict) or name == "direct":
+                continue
+            if "requests" not in row:
+                err = row.get("first_error")
+                lines.append(f"| {name} | {row.get('n')} | — | — | — | — | errors: {err} |")
+                continue
+            lines.append(
+                f"| {name} | {row['requests']} | {row['first_bytes']:,} → {row['last_bytes']:,} "
+                f"| {f(row['first10_added_p50_ms'], sign=True)} | {f(row['last10_added_p50_ms'], sign=True)} "
+                f"| {f(row['growth'], 1)}× | {f(row['total_s'], 1)} |"
+            )
+        lines.append("")
     lines += ["## Memory (fresh loopguard processes, looping conversations at c16)", ""]
     for mem in res["memory"].values():
         if mem.get("status") == "ok":
@@ -1043,11 +1126,11 @@ def report(res: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     rt = res["ratios"]
-    for lg in ("loopguard", "loopguard-off"):
+    for lg in ("loopguard", "loopguard-nocache", "loopguard-off"):
         for other in ("bare", "litellm"):
             vals = [rt.get(f"{lg}/{other} req/s {w}/c16") for w in WORKLOADS]
             lines.append(f"| {lg} / {other} | " + " | ".join(f"{f(v)}×" if v else "—" for v in vals) + " |")
-    lines += ["", "## Targets (issue 6)", "", "| target | result | measured |", "|---|---|---|"]
+    lines += ["", "## Targets (issues 6 and 15)", "", "| target | result | measured |", "|---|---|---|"]
     for t in res["targets"]:
         lines.append(f"| {t['target']} | **{t['result']}** | {t['measured']} |")
     errs = [

@@ -194,6 +194,29 @@ def history_body(target_bytes: int, stream: bool = False, seed: int = 1) -> byte
     return _body(history_messages(target_bytes, seed), stream)
 
 
+def session_bodies(start_bytes: int, end_bytes: int, requests: int, seed: int = 1) -> list[bytes]:
+    """An agent session (issue 15): one conversation growing from about ``start_bytes`` to about
+    ``end_bytes`` in ``requests`` requests, each the previous one plus the next steps of the
+    session (its history cut at the step boundary nearest an even byte spacing; at least one
+    step more than the previous request). The history is :func:`history_messages` of
+    ``end_bytes``."""
+    messages = history_messages(end_bytes, seed)
+    sizes: list[int] = []  # bytes of messages[:i+1]
+    total = 0
+    for m in messages:
+        total += len(orjson.dumps(m)) + 1
+        sizes.append(total)
+    ends = [i + 1 for i, m in enumerate(messages) if m.get("role") == "tool"]
+    cuts: list[int] = []
+    for k in range(requests):
+        want = start_bytes + (end_bytes - start_bytes) * k // max(1, requests - 1)
+        end = next((e for e in ends if sizes[e - 1] >= want and (not cuts or e > cuts[-1])), None)
+        if end is None:
+            break
+        cuts.append(end)
+    return [_body(messages[:end], False) for end in cuts]
+
+
 def count_calls(body: bytes) -> int:
     return sum(len(m.get("tool_calls") or []) for m in orjson.loads(body)["messages"])
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard"}
+RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache"}
 ALL_ARMS = RUN_ARMS | {"litellm"}
 CELLS = {f"{w}/c{c}" for w in ("small", "agent", "stream") for c in (1, 16)}
 FIGURES = {
@@ -88,6 +88,13 @@ def test_bench_smoke_gives_every_arm_every_figure(tmp_path: Path) -> None:
             assert figures["n"] > 0 and figures["errors"] == 0, (size, name)
             _numbers(figures, FIGURES)
 
+    session = res["session"]
+    assert set(session) == {"start_bytes", "end_bytes", *RUN_ARMS}
+    for name in RUN_ARMS:
+        assert session[name]["errors"] == 0, (name, session[name]["first_error"])
+        assert session[name]["n"] == session["direct"]["n"] >= 5, name
+    assert session["loopguard"]["requests"] == session["direct"]["n"]
+    assert session["loopguard"]["growth"] is not None
     assert set(res["memory"]) == {"loopguard", "loopguard-all-guards"}
     for name, mem in res["memory"].items():
         assert mem["status"] == "ok", (name, mem.get("reason"))

@@ -47,6 +47,7 @@ B_TEXT = "hello from b\n"
 #: What Qwen Code's read_file gives for a file it already read and that has not changed.
 UNCHANGED = "[File a.txt unchanged since last read in this session"
 
+
 def repair(on: bool) -> dict[str, Any]:
     """The loopguard config with the repair on or off."""
     return {"response": {"repair_text_tool_calls": on}}

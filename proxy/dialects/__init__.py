@@ -15,7 +15,7 @@ Chat and Responses read tool calls written as text in assistant messages
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from proxy.actions import Action
@@ -24,13 +24,28 @@ from proxy.transcript import Transcript
 
 
 class Dialect(Protocol):
-    """What the request side needs of a dialect module."""
+    """What the request side needs of a dialect module. ``ITEMS`` and ``Fold`` are for
+    :mod:`proxy.request.prefix_cache`: a dialect without them is read in full on every request
+    (and its ``apply`` is then called without ``spans``)."""
 
     PATH_SUFFIX: str
+    #: the top-level member that holds the history
+    ITEMS: str
 
     def parse_request(self, body: Any) -> Transcript: ...
 
-    def apply(self, raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None: ...
+    def apply(
+        self,
+        raw: bytes,
+        actions: Sequence[Action],
+        body: Any = None,
+        spans: Sequence[tuple[int, int]] | None = None,
+    ) -> bytes | None: ...
+
+    #: ``Fold(tools)``: the transcript read one history item at a time, against the request's
+    #: offered tools (:func:`proxy.dialects.text_calls.offered_tools`) (``feed(pos, item)``,
+    #: ``copy()``, ``finish(count, tool_choice)``); ``parse_request`` folds over every item
+    Fold: Callable[[Any], Any]
 
 
 #: In lookup order; the first whose ``PATH_SUFFIX`` ends the request path wins.

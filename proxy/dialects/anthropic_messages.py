@@ -69,6 +69,8 @@ from proxy.transcript import Said, ToolResult, Transcript, build
 #: Ends the request path: ``/v1/messages`` (behind any prefix), not ``/v1/messages/count_tokens``
 #: nor an OpenAI Assistants ``/v1/threads/{id}/messages``.
 PATH_SUFFIX = "/v1/messages"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "messages"
 #: User-message blocks that are the user's own input (they make the message a turn start).
 USER_BLOCKS = frozenset(("text", "image", "document"))
 
@@ -97,24 +99,28 @@ def slots(messages: list[Any]) -> list[Slot]:
     :class:`DialectError` when a message is not an object."""
     out: list[Slot] = []
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise DialectError(f"message {i} is not an object")
-        role = msg.get("role")
-        if role == "assistant":
-            out.append(Slot(i, None, "assistant"))
-            continue
-        if role != "user":
-            out.append(Slot(i, None, "other"))
-            continue
-        blocks = _blocks(msg.get("content"))
-        if blocks is None:
-            out.append(Slot(i, None, "user"))
-            continue
-        results = [j for j, b in enumerate(blocks) if _is_result(b)]
-        out += [Slot(i, j, "result") for j in results]
-        own = any(isinstance(b, dict) and b.get("type") in USER_BLOCKS for b in blocks)
-        if own or not results:
-            out.append(Slot(i, None, "user"))
+        out += message_slots(i, msg)
+    return out
+
+
+def message_slots(i: int, msg: Any) -> list[Slot]:
+    """The transcript positions of message ``i`` (:func:`slots`). Raises :class:`DialectError`
+    when it is not an object."""
+    if not isinstance(msg, dict):
+        raise DialectError(f"message {i} is not an object")
+    role = msg.get("role")
+    if role == "assistant":
+        return [Slot(i, None, "assistant")]
+    if role != "user":
+        return [Slot(i, None, "other")]
+    blocks = _blocks(msg.get("content"))
+    if blocks is None:
+        return [Slot(i, None, "user")]
+    results = [j for j, b in enumerate(blocks) if _is_result(b)]
+    out = [Slot(i, j, "result") for j in results]
+    own = any(isinstance(b, dict) and b.get("type") in USER_BLOCKS for b in blocks)
+    if own or not results:
+        out.append(Slot(i, None, "user"))
     return out
 
 
@@ -144,28 +150,80 @@ def parse_request(body: Any) -> Transcript:
     if not isinstance(messages, list):
         raise DialectError("messages is not a list")
 
-    calls: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    users: list[int] = []
-    texts: list[int] = []
-    said: list[Said] = []
-    pending: dict[str | None, deque[int]] = defaultdict(deque)
-    turn = 0
-    last_kind = ""
+    fold = Fold()
+    for i, msg in enumerate(messages):
+        fold.feed(i, msg)
+    return fold.finish(len(messages))
 
-    layout = slots(messages)
-    for pos, slot in enumerate(layout):
-        msg = messages[slot.message]
+
+class Fold:
+    """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
+    is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
+    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
+
+    ``tools`` (here) and ``tool_choice`` (:meth:`finish`) are taken as every dialect's fold takes
+    them (:class:`proxy.dialects.Dialect`) and not read: Messages calls are ``tool_use`` blocks,
+    read the same whatever the request offers."""
+
+    __slots__ = ("calls", "last_kind", "pending", "positions", "said", "steps", "texts", "turn", "users")
+
+    def __init__(self, tools: Any = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.users: list[int] = []
+        self.texts: list[int] = []
+        self.said: list[Said] = []
+        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.turn = 0
+        self.last_kind = ""
+        self.positions = 0  # slots read so far (:func:`slots`)
+
+    def copy(self) -> Fold:
+        """An independent copy (feeding either never changes the other)."""
+        out = Fold()
+        out.calls = [dict(c) for c in self.calls]
+        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        out.users = list(self.users)
+        out.texts = list(self.texts)
+        out.said = list(self.said)
+        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.turn = self.turn
+        out.last_kind = self.last_kind
+        out.positions = self.positions
+        return out
+
+    def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
+        """The transcript of the messages fed (``message_count`` of them; its positions are
+        slots, so the count it keeps is theirs)."""
+        return build(
+            self.calls,
+            self.steps,
+            self.users,
+            self.texts,
+            self.positions,
+            self.last_kind == "step",
+            self.said,
+        )
+
+    def feed(self, i: int, msg: Any) -> None:
+        """Read message ``i``. Raises :class:`DialectError` when it is not an object."""
+        for slot in message_slots(i, msg):
+            pos = self.positions
+            self.positions += 1
+            self._slot(pos, slot, msg)
+
+    def _slot(self, pos: int, slot: Slot, msg: dict[str, Any]) -> None:
+        calls, steps, pending = self.calls, self.steps, self.pending
         content = msg.get("content")
         if slot.kind == "assistant":
             text = content_text(content)
             if text.strip():
-                texts.append(pos)
+                self.texts.append(pos)
             uses = [b for b in _blocks(content) or () if isinstance(b, dict) and b.get("type") == "tool_use"]
-            said.append(Said(pos, "assistant", text, bool(uses)))
+            self.said.append(Said(pos, "assistant", text, bool(uses)))
             if not uses:
-                last_kind = "assistant"
-                continue
+                self.last_kind = "assistant"
+                return
             step = {"index": len(steps), "position": pos, "calls": [], "end": None}
             steps.append(step)
             for use in uses:
@@ -177,7 +235,7 @@ def parse_request(body: Any) -> Transcript:
                     {
                         "seq": seq,
                         "step": step["index"],
-                        "turn": turn,
+                        "turn": self.turn,
                         "position": pos,
                         "call_id": cid,
                         "name": name if isinstance(name, str) else "",
@@ -188,7 +246,7 @@ def parse_request(body: Any) -> Transcript:
                 )
                 step["calls"].append(seq)
                 pending[cid].append(seq)
-            last_kind = "step"
+            self.last_kind = "step"
         elif slot.kind == "result":
             assert slot.block is not None
             block = content[slot.block]
@@ -209,16 +267,14 @@ def parse_request(body: Any) -> Transcript:
                 calls[seq]["result"] = ToolResult(pos, content_text(block.get("content")), flag)
                 step = steps[calls[seq]["step"]]
                 step["end"] = pos if step["end"] is None else max(step["end"], pos)
-            if last_kind != "step":
-                last_kind = "other"
+            if self.last_kind != "step":
+                self.last_kind = "other"
         elif slot.kind == "user":
-            turn += 1
-            users.append(pos)
-            said.append(Said(pos, "user", content_text(content)))
-            last_kind = "user"
+            self.turn += 1
+            self.users.append(pos)
+            self.said.append(Said(pos, "user", content_text(content)))
+            self.last_kind = "user"
         # any other role (Claude Code's "system" notes) is read as nothing: the end stays as it was
-
-    return build(calls, steps, users, texts, len(layout), last_kind == "step", said)
 
 
 def _text_block(text: str) -> dict[str, Any]:
@@ -242,11 +298,14 @@ def _denial(raw: bytes, fields: dict[str, tuple[int, int]], text: str) -> bytes 
     return b"[" + jsonbody.dumps(_text_block(text))[:-1] + b',"cache_control":' + cache + b"}]"
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read; rules
-    in the module docstring). ``body``: ``raw`` decoded, when the caller has it. Returns the new
-    body, or None when no action applies (a position that is no slot, a withhold of anything but
-    a result, is ignored)."""
+    in the module docstring). ``body``: ``raw`` decoded, when the caller has it; ``spans``: the
+    messages' byte spans, when known (:mod:`proxy.request.prefix_cache`). Returns the new body,
+    or None when no action applies (a position that is no slot, a withhold of anything but a
+    result, is ignored)."""
     if body is None:
         body = jsonbody.decode(raw)
     messages = body.get("messages") if isinstance(body, dict) else None
@@ -266,10 +325,11 @@ def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | No
     if not withheld and not grouped:
         return None
 
-    start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
-    if start is None or raw[start : start + 1] != b"[":
-        return None
-    spans = jsonbody.items(raw, start, messages)
+    if spans is None:
+        start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
+        if start is None or raw[start : start + 1] != b"[":
+            return None
+        spans = jsonbody.items(raw, start, messages)
     if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
         return None
     message_fields: dict[int, dict[str, tuple[int, int]]] = {}

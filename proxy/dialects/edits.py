@@ -84,16 +84,26 @@ def append_text(
     return replace_member(fields, start, member, text)
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any, wire: Wire) -> bytes | None:
+def apply(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    wire: Wire,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> bytes | None:
     """Write ``actions`` into ``raw`` (rules in the module docstring). Returns the new body, or
     None when no action applies. ``body``: ``raw`` decoded, or None; with it, finding the edited
-    spans is a compare instead of a scan (:func:`proxy.dialects.jsonbody.value_end`)."""
+    spans is a compare instead of a scan (:func:`proxy.dialects.jsonbody.value_end`). ``spans``:
+    the byte spans of the history's items when the caller knows them (what
+    :func:`proxy.dialects.jsonbody.items` gives for the first ``wire.items`` member;
+    :mod:`proxy.request.prefix_cache`)."""
     hints = body if isinstance(body, dict) else None
-    start = jsonbody.member_start(raw, jsonbody.root(raw), wire.items, hints)
-    if start is None or raw[start : start + 1] != b"[":
-        return None
     listed = hints.get(wire.items) if hints is not None else None
-    spans = jsonbody.items(raw, start, listed)
+    if spans is None:
+        start = jsonbody.member_start(raw, jsonbody.root(raw), wire.items, hints)
+        if start is None or raw[start : start + 1] != b"[":
+            return None
+        spans = jsonbody.items(raw, start, listed)
     withheld: dict[int, str] = {}
     for a in actions:
         if isinstance(a, Withhold) and 0 <= a.position < len(spans) and a.position not in withheld:

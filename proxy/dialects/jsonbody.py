@@ -105,6 +105,17 @@ def _decode_members(raw: bytes) -> Any:
     return out
 
 
+def _key(buf: bytes, start: int, end: int) -> str:
+    """The member key whose string literal spans ``buf[start:end]`` (quotes included). Without a
+    backslash a JSON string is its UTF-8 bytes between the quotes (RFC 8259 §7: control
+    characters must be escaped, and the bytes were accepted by a decoder), so only keys with an
+    escape pay for a JSON decode."""
+    inner = buf[start + 1 : end - 1]
+    if b"\\" not in inner:
+        return inner.decode("utf-8", "surrogatepass")
+    return str(json.loads(buf[start:end]))
+
+
 def _skip_ws(buf: bytes, i: int) -> int:
     return _WS.match(buf, i).end()
 
@@ -150,7 +161,7 @@ def _members(buf: bytes, start: int, hints: Any, until: str | None = None) -> It
         return
     while True:
         ke = _STRING.match(buf, i).end()
-        key = json.loads(buf[i:ke])
+        key = _key(buf, i, ke)
         i = _skip_ws(buf, ke)
         i = _skip_ws(buf, i + 1)  # the colon
         if key == until:
@@ -200,6 +211,39 @@ def items(buf: bytes, start: int, hints: Any = None, count: int | None = None) -
         if buf[i : i + 1] == b"]":
             return out
         i = _skip_ws(buf, i + 1)
+
+
+def items_after(buf: bytes, end: int, hints: Any = None) -> tuple[list[tuple[int, int]], int]:
+    """Spans of the elements that follow the array element ending at byte ``end`` (exclusive),
+    and the offset just past the array's ``]``. ``hints``: those elements decoded (see
+    :func:`value_end`). Raises ValueError when no ``,`` or ``]`` follows an element."""
+    out: list[tuple[int, int]] = []
+    known = len(hints) if isinstance(hints, list) else 0
+    i = _skip_ws(buf, end)
+    while buf[i : i + 1] == b",":
+        i = _skip_ws(buf, i + 1)
+        e = value_end(buf, i, hints[len(out)] if len(out) < known else _NO_HINT)
+        out.append((i, e))
+        i = _skip_ws(buf, e)
+    if buf[i : i + 1] != b"]":
+        raise ValueError(f"no array end at byte {i}")
+    return out, i + 1
+
+
+def keys_after(buf: bytes, end: int, hints: Any = None) -> list[str]:
+    """Keys of the members that follow the member value ending at byte ``end`` (exclusive) in
+    an object, in order, repeats kept. ``hints``: the decoded object (see :func:`value_end`)."""
+    out: list[str] = []
+    i = _skip_ws(buf, end)
+    while buf[i : i + 1] == b",":
+        i = _skip_ws(buf, i + 1)
+        ke = _STRING.match(buf, i).end()
+        key = _key(buf, i, ke)
+        out.append(key)
+        i = _skip_ws(buf, _skip_ws(buf, ke) + 1)  # the colon
+        hint = hints.get(key, _NO_HINT) if isinstance(hints, dict) else _NO_HINT
+        i = _skip_ws(buf, value_end(buf, i, hint))
+    return out
 
 
 def root(buf: bytes) -> int:

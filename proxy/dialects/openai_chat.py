@@ -34,7 +34,7 @@ sequence of steps.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.actions import Action, Withhold
@@ -44,6 +44,8 @@ from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/chat/completions"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "messages"
 
 
 def content_text(content: Any) -> str:
@@ -57,7 +59,7 @@ def content_text(content: Any) -> str:
 
 
 def parse_request(body: Any) -> Transcript:
-    """Build the transcript of a decoded request body.
+    """Build the transcript of a decoded request body (:class:`Fold` over every message).
 
     Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
     message is not an object.
@@ -67,24 +69,70 @@ def parse_request(body: Any) -> Transcript:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise DialectError("messages is not a list")
-
-    calls: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    users: list[int] = []
-    texts: list[int] = []
-    said: list[Said] = []
-    pending: dict[str | None, deque[int]] = defaultdict(deque)
-    tools = text_calls.offered_tools(body)
-    turn = 0
-    last_kind = ""
-
+    fold = Fold(text_calls.offered_tools(body))
     for pos, msg in enumerate(messages):
+        fold.feed(pos, msg)
+    return fold.finish(len(messages), body.get("tool_choice"))
+
+
+class Fold:
+    """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
+    is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
+    a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
+
+    ``tools``: the request's offered tools (:func:`proxy.dialects.text_calls.offered_tools`): calls
+    written as text are read against them, so the state after a prefix holds only for a request
+    offering the same tools."""
+
+    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "tools", "turn", "users")
+
+    def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
+        self.tools = tools
+        self.calls: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.users: list[int] = []
+        self.texts: list[int] = []
+        self.said: list[Said] = []
+        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.turn = 0
+        self.last_kind = ""
+
+    def copy(self) -> Fold:
+        """An independent copy (feeding either never changes the other)."""
+        out = Fold(self.tools)
+        out.calls = [dict(c) for c in self.calls]
+        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        out.users = list(self.users)
+        out.texts = list(self.texts)
+        out.said = list(self.said)
+        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.turn = self.turn
+        out.last_kind = self.last_kind
+        return out
+
+    def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
+        """The transcript of the ``message_count`` messages fed; ``tool_choice``: the request's."""
+        return build(
+            self.calls,
+            self.steps,
+            self.users,
+            self.texts,
+            message_count,
+            self.last_kind == "step",
+            self.said,
+            self.tools,
+            tool_choice,
+        )
+
+    def feed(self, pos: int, msg: Any) -> None:
+        """Read message ``pos``. Raises :class:`DialectError` when it is not an object."""
         if not isinstance(msg, dict):
             raise DialectError(f"message {pos} is not an object")
+        calls, steps, pending = self.calls, self.steps, self.pending
         role = msg.get("role")
         if role == "user":
             text = content_text(msg.get("content"))
-            waiting = _text_results_wanted(steps, calls) if last_kind == "step" else []
+            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
             results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
             if results is not None:  # the results of the text calls before it, not a user turn
                 for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
@@ -92,15 +140,15 @@ def parse_request(body: Any) -> Transcript:
                     pending[None].remove(seq)
                     step = steps[calls[seq]["step"]]
                     step["end"] = pos
-                continue
-            turn += 1
-            users.append(pos)
-            said.append(Said(pos, "user", text))
-            last_kind = "user"
+                return
+            self.turn += 1
+            self.users.append(pos)
+            self.said.append(Said(pos, "user", text))
+            self.last_kind = "user"
         elif role == "assistant":
             text = content_text(msg.get("content"))
             if text.strip():
-                texts.append(pos)
+                self.texts.append(pos)
             wire_calls = msg.get("tool_calls")
             entries: list[tuple[str | None, Any, Any]] = []
             if isinstance(wire_calls, list):
@@ -117,13 +165,13 @@ def parse_request(body: Any) -> Transcript:
                 entries.append((None, fc.get("name"), fc.get("arguments")))
             written = None
             if not entries and ("<tool_call>" in text or "<function=" in text):
-                written = text_calls.find_calls(text, tools)
+                written = text_calls.find_calls(text, self.tools)
             if written is not None:  # calls written as text (issue 13)
                 entries = [(None, c.name, c.arguments) for c in written.calls]
                 text = written.text
-                if texts and texts[-1] == pos and not text.strip():
-                    texts.pop()
-            said.append(Said(pos, "assistant", text, bool(entries)))
+                if self.texts and self.texts[-1] == pos and not text.strip():
+                    self.texts.pop()
+            self.said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None}
                 step["text"] = written is not None
@@ -134,7 +182,7 @@ def parse_request(body: Any) -> Transcript:
                         {
                             "seq": seq,
                             "step": step["index"],
-                            "turn": turn,
+                            "turn": self.turn,
                             "position": pos,
                             "call_id": cid,
                             "name": name if isinstance(name, str) else "",
@@ -145,9 +193,9 @@ def parse_request(body: Any) -> Transcript:
                     )
                     step["calls"].append(seq)
                     pending[cid].append(seq)
-                last_kind = "step"
+                self.last_kind = "step"
             else:
-                last_kind = "assistant"
+                self.last_kind = "assistant"
         elif role in ("tool", "function"):
             cid = msg.get("tool_call_id") if role == "tool" else None
             queue = pending.get(cid if isinstance(cid, str) else None)
@@ -165,14 +213,10 @@ def parse_request(body: Any) -> Transcript:
                 calls[seq]["result"] = ToolResult(pos, content_text(msg.get("content")))
                 step = steps[calls[seq]["step"]]
                 step["end"] = pos if step["end"] is None else max(step["end"], pos)
-            if last_kind != "step":
-                last_kind = "other"
+            if self.last_kind != "step":
+                self.last_kind = "other"
         else:
-            last_kind = "other"
-
-    return build(
-        calls, steps, users, texts, len(messages), last_kind == "step", said, tools, body.get("tool_choice")
-    )
+            self.last_kind = "other"
 
 
 def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
@@ -191,15 +235,18 @@ WIRE = edits.Wire(
 )
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (a request :func:`parse_request` read):
     withheld results get the denial text as their ``content``, reminders become ``user`` messages
     (or are appended to the content). Returns the new body, or None when no action applies.
-    ``body``: ``raw`` decoded, when the caller has it. Rules: :func:`proxy.dialects.edits.apply`.
+    ``body``: ``raw`` decoded, when the caller has it; ``spans``: the messages' byte spans, when
+    known. Rules: :func:`proxy.dialects.edits.apply`.
     """
     if any(isinstance(a, Withhold) and a.part is not None for a in actions):
         if body is None:
             body = jsonbody.decode(raw)
         messages = body.get("messages") if isinstance(body, dict) else None
         actions = edits.whole_results(actions, messages, lambda m: content_text(m.get("content")))
-    return edits.apply(raw, actions, body, WIRE)
+    return edits.apply(raw, actions, body, WIRE, spans)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
@@ -47,6 +47,8 @@ from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript, build
 
 PATH_SUFFIX = "/responses"
+#: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
+ITEMS = "input"
 CALL_TYPES = frozenset(("function_call", "custom_tool_call"))
 OUTPUT_TYPES = frozenset(("function_call_output", "custom_tool_call_output"))
 #: Content part types whose ``text`` is text (images and files are not).
@@ -92,29 +94,90 @@ def parse_request(body: Any) -> Transcript:
     if not isinstance(items, list):
         raise DialectError("input is neither a string nor a list")
 
-    calls: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    users: list[int] = []
-    texts: list[int] = []
-    said: list[Said] = []
-    pending: dict[str | None, deque[int]] = defaultdict(deque)
-    tools = text_calls.offered_tools(body)
-    turn = 0
-    last_kind = ""  # "step" while the history ends with a step and its outputs
-    in_step = False  # the previous item (reasoning aside) was a call of the current step
-    previous = -1  # position of the previous item, reasoning aside
-
+    fold = Fold(text_calls.offered_tools(body))
     for pos, item in enumerate(items):
+        fold.feed(pos, item)
+    return fold.finish(len(items), body.get("tool_choice"))
+
+
+class Fold:
+    """The transcript of an item list read one item at a time (issue 15): :func:`parse_request`
+    is ``feed`` over every item then ``finish``. :meth:`copy` keeps the state after a prefix, so a
+    request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
+
+    ``tools``: the request's offered tools (:func:`proxy.dialects.text_calls.offered_tools`): calls
+    written as text are read against them, so the state after a prefix holds only for a request
+    offering the same tools."""
+
+    __slots__ = (
+        "calls",
+        "in_step",
+        "last_kind",
+        "pending",
+        "previous",
+        "said",
+        "steps",
+        "texts",
+        "tools",
+        "turn",
+        "users",
+    )
+
+    def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
+        self.tools = tools
+        self.calls: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.users: list[int] = []
+        self.texts: list[int] = []
+        self.said: list[Said] = []
+        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.turn = 0
+        self.last_kind = ""  # "step" while the history ends with a step and its outputs
+        self.in_step = False  # the previous item (reasoning aside) was a call of the current step
+        self.previous = -1  # position of the previous item, reasoning aside
+
+    def copy(self) -> Fold:
+        """An independent copy (feeding either never changes the other)."""
+        out = Fold(self.tools)
+        out.calls = [dict(c) for c in self.calls]
+        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        out.users = list(self.users)
+        out.texts = list(self.texts)
+        out.said = list(self.said)
+        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.turn = self.turn
+        out.last_kind = self.last_kind
+        out.in_step = self.in_step
+        out.previous = self.previous
+        return out
+
+    def finish(self, item_count: int, tool_choice: Any = None) -> Transcript:
+        """The transcript of the ``item_count`` items fed; ``tool_choice``: the request's."""
+        return build(
+            self.calls,
+            self.steps,
+            self.users,
+            self.texts,
+            item_count,
+            self.last_kind == "step",
+            self.said,
+            self.tools,
+            tool_choice,
+        )
+
+    def feed(self, pos: int, item: Any) -> None:
+        """Read item ``pos``. Raises :class:`DialectError` when it is not an object."""
+        calls, steps, said, pending = self.calls, self.steps, self.said, self.pending
         if not isinstance(item, dict):
             raise DialectError(f"input item {pos} is not an object")
         kind = item_type(item)
         if kind in CALL_TYPES:
-            if not in_step:
+            if not self.in_step:
                 steps.append({"index": len(steps), "position": pos, "calls": [], "end": None})
-                if said and said[-1].role == "assistant" and said[-1].position == previous:
+                if said and said[-1].role == "assistant" and said[-1].position == self.previous:
                     last = said[-1]
                     said[-1] = Said(last.position, last.role, last.text, True)
-                in_step = True
+                self.in_step = True
             step = steps[-1]
             cid = item.get("call_id")
             cid = cid if isinstance(cid, str) else None
@@ -125,7 +188,7 @@ def parse_request(body: Any) -> Transcript:
                 {
                     "seq": seq,
                     "step": step["index"],
-                    "turn": turn,
+                    "turn": self.turn,
                     "position": step["position"],
                     "call_id": cid,
                     "name": name if isinstance(name, str) else "",
@@ -136,13 +199,13 @@ def parse_request(body: Any) -> Transcript:
             )
             step["calls"].append(seq)
             pending[cid].append(seq)
-            last_kind = "step"
-            previous = pos
-            continue
+            self.last_kind = "step"
+            self.previous = pos
+            return
         if kind == "reasoning":
-            continue  # neither splits a step nor ends one
-        in_step = False
-        previous = pos
+            return  # neither splits a step nor ends one
+        self.in_step = False
+        self.previous = pos
         if kind in OUTPUT_TYPES:
             cid = item.get("call_id")
             queue = pending.get(cid if isinstance(cid, str) else None)
@@ -151,28 +214,28 @@ def parse_request(body: Any) -> Transcript:
                 calls[seq]["result"] = ToolResult(pos, content_text(item.get("output")))
                 step = steps[calls[seq]["step"]]
                 step["end"] = pos if step["end"] is None else max(step["end"], pos)
-            if last_kind != "step":
-                last_kind = "other"
-            continue
+            if self.last_kind != "step":
+                self.last_kind = "other"
+            return
         if kind == "message" and item.get("role") == "user":
             text = content_text(item.get("content"))
-            waiting = _text_results_wanted(steps, calls) if last_kind == "step" else []
+            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
             results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
             if results is not None:  # the results of the text calls before it, not a user turn
                 for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
                     calls[seq]["result"] = ToolResult(pos, result, part=part)
                     pending[None].remove(seq)
                     steps[calls[seq]["step"]]["end"] = pos
-                continue
-            turn += 1
-            users.append(pos)
+                return
+            self.turn += 1
+            self.users.append(pos)
             said.append(Said(pos, "user", text))
-            last_kind = "user"
+            self.last_kind = "user"
         elif kind == "message" and item.get("role") == "assistant":
             text = content_text(item.get("content"))
             written = None
             if "<tool_call>" in text or "<function=" in text:
-                written = text_calls.find_calls(text, tools)
+                written = text_calls.find_calls(text, self.tools)
             if written is not None:  # calls written as text (issue 13): a step of their own
                 text = written.text
                 step = {"index": len(steps), "position": pos, "calls": [], "end": None, "text": True}
@@ -183,7 +246,7 @@ def parse_request(body: Any) -> Transcript:
                         {
                             "seq": seq,
                             "step": step["index"],
-                            "turn": turn,
+                            "turn": self.turn,
                             "position": pos,
                             "call_id": None,
                             "name": c.name,
@@ -195,13 +258,11 @@ def parse_request(body: Any) -> Transcript:
                     step["calls"].append(seq)
                     pending[None].append(seq)
             if text.strip():
-                texts.append(pos)
+                self.texts.append(pos)
             said.append(Said(pos, "assistant", text, written is not None))
-            last_kind = "step" if written is not None else "assistant"
+            self.last_kind = "step" if written is not None else "assistant"
         else:
-            last_kind = "other"
-
-    return build(calls, steps, users, texts, len(items), last_kind == "step", said, tools)
+            self.last_kind = "other"
 
 
 def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
@@ -233,11 +294,13 @@ WIRE = edits.Wire(
 )
 
 
-def apply(raw: bytes, actions: Sequence[Action], body: Any = None) -> bytes | None:
+def apply(
+    raw: bytes, actions: Sequence[Action], body: Any = None, spans: Sequence[tuple[int, int]] | None = None
+) -> bytes | None:
     """Apply request-side actions to the body ``raw`` (module docstring; rules in
-    :func:`proxy.dialects.edits.apply`). Returns the new body, or None when no action applies (a
-    string ``input`` never has one)."""
-    return edits.apply(raw, _whole(raw, actions, body), body, WIRE)
+    :func:`proxy.dialects.edits.apply`; ``spans``: the items' byte spans, when known). Returns the
+    new body, or None when no action applies (a string ``input`` never has one)."""
+    return edits.apply(raw, _whole(raw, actions, body), body, WIRE, spans)
 
 
 def _whole(raw: bytes, actions: Sequence[Action], body: Any) -> Sequence[Action]:

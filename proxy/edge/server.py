@@ -79,6 +79,7 @@ from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
 from proxy.ops.observe import SERVER_LOG, Stats, action_summary
 from proxy.request.memory import Memory
+from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
 from proxy.request.rewrite import RequestDecision, decide_request
 from proxy.request.shared import newer
@@ -96,6 +97,8 @@ INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
 MEMORY_KEY = web.AppKey("memory", Memory)
 #: The Responses API's previous_response_id chains (proxy.request.response_store).
 RESPONSES_KEY = web.AppKey("responses_store", ResponseStore)
+#: What each conversation's previous request established (proxy.request.prefix_cache; None: off).
+PREFIX_KEY = web.AppKey("prefix_cache", object)
 #: Set when a shutdown began (SIGTERM/SIGINT): requests ended from now on are ended by it.
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
@@ -286,6 +289,9 @@ async def stats(request: web.Request) -> web.Response:
         return web.json_response(view, dumps=lambda o: orjson.dumps(o).decode())
     snapshot = request.app[STATS_KEY].snapshot()
     snapshot["responses_store"] = request.app[RESPONSES_KEY].snapshot()
+    prefixes = request.app[PREFIX_KEY]
+    if isinstance(prefixes, PrefixCache):
+        snapshot["prefix_cache"] = prefixes.snapshot()
     totals = await request.app[SHARED_KEY].totals()
     if totals is not None:  # several replicas: the sum of their counters (proxy.edge.shared_state)
         snapshot["replicas"] = totals
@@ -348,6 +354,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             state_for=state_for,
             dialect=dialect,
             previous=previous,
+            prefixes=app[PREFIX_KEY],  # type: ignore[arg-type]
             observed=rt.cfg.observed_rules(),
         )
 
@@ -893,7 +900,8 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app[STATS_KEY] = Stats()
     app[SHUTDOWN_KEY] = asyncio.Event()
     app[INFLIGHT_KEY] = set()
-    app[METRICS_KEY] = Metrics(app[STATS_KEY])
+    app[PREFIX_KEY] = PrefixCache(cfg.prefix_cache.max_bytes) if cfg.prefix_cache.max_bytes > 0 else None
+    app[METRICS_KEY] = Metrics(app[STATS_KEY], app[PREFIX_KEY])  # type: ignore[arg-type]
     runtime = build_runtime(cfg)
     app[LIVE_KEY] = Live(runtime, loader)
     app[GUARDS_KEY] = runtime.guards

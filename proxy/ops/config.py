@@ -630,6 +630,30 @@ class ResponsesStoreConfig:
                 yield ConfigError(f"{path}.{name}", "must be > 0 or null (no limit)")
 
 
+@dataclass(frozen=True)
+class PrefixCacheConfig:
+    """What the previous request of each conversation established, kept so the next one reads only
+    its new messages (issue 15, :mod:`proxy.request.prefix_cache`). Decisions are the same with it
+    or without it; it only saves time.
+
+    ``max_bytes_mb`` (32): MiB kept over all conversations (each entry counts its history's JSON
+    bytes plus an estimate of its parse state: :func:`proxy.request.prefix_cache.entry_size`); the
+    least recently used conversation is dropped first. 0 = off (every request reads its whole
+    history).
+    """
+
+    max_bytes_mb: float = 32.0
+
+    def check(self, path: str) -> None:
+        if not self.max_bytes_mb >= 0:
+            raise ConfigError(f"{path}.max_bytes_mb", "must be a number >= 0 (0 = off)")
+
+    @property
+    def max_bytes(self) -> int:
+        """The budget in bytes (0 = off)."""
+        return int(self.max_bytes_mb * 1024 * 1024)
+
+
 #: What a backend URL may start with (``state.backend``): the redis package's URL schemes.
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -747,6 +771,7 @@ class Config:
     response: ResponseConfig = field(default_factory=ResponseConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     responses_store: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig)
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     state: StateConfig = field(default_factory=StateConfig)
     #: Bearer token required on ``/loop-guard`` routes; null = open (they bind to 127.0.0.1).
     admin_token: str | None = None
@@ -924,6 +949,8 @@ RESTART_ONLY = (
     "listen",
     "upstream",
     "responses_store",
+    # the prefix cache is sized at start (proxy.edge.server)
+    "prefix_cache.max_bytes_mb",
     "state",
     "guards.circuit_breaker.incident_log",
     # the capture file is opened at start (capture.contents may change on a reload)

@@ -18,7 +18,11 @@ calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
 ``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
 calls, written as text and repaired: issue 13), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
-upstream).
+upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
+``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),
+``loopguard_prefix_cache_misses_total`` (requests read in full), ``loopguard_prefix_cache_evictions_total``
+(conversations dropped for the budget), and the gauges ``loopguard_prefix_cache_bytes`` and
+``loopguard_prefix_cache_entries`` (kept now).
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.ops.observe import Stats
+from proxy.request.prefix_cache import PrefixCache
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -47,8 +52,9 @@ _COUNTERS = (
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, prefixes: PrefixCache | None) -> None:
         self._stats = stats
+        self._prefixes = prefixes
 
     def collect(self) -> Iterator[Metric]:
         for name, doc in _COUNTERS:
@@ -77,16 +83,36 @@ class _StatsCollector(Collector):
         for op, n in sorted(self._stats.backend_errors.items()):
             backend.add_metric([op], n)
         yield backend
+        if self._prefixes is not None:
+            p = self._prefixes.stats
+            yield CounterMetricFamily(
+                "loopguard_prefix_cache_hits",
+                "Requests that resumed their conversation's kept history.",
+                value=p.hits,
+            )
+            yield CounterMetricFamily(
+                "loopguard_prefix_cache_misses", "Requests whose history was read in full.", value=p.misses
+            )
+            yield CounterMetricFamily(
+                "loopguard_prefix_cache_evictions",
+                "Conversations dropped for the byte budget.",
+                value=p.evictions,
+            )
+            yield GaugeMetricFamily(
+                "loopguard_prefix_cache_bytes", "Bytes kept (the budget's measure).", value=p.bytes
+            )
+            yield GaugeMetricFamily("loopguard_prefix_cache_entries", "Conversations kept.", value=p.entries)
 
 
 class Metrics:
-    """One app's registry: ``observe_added(seconds)`` per request, ``render()`` for a scrape."""
+    """One app's registry: ``observe_added(seconds)`` per request, ``render()`` for a scrape.
+    ``prefixes``: the app's prefix cache, for its series (None: off, no series)."""
 
     __slots__ = ("_added", "registry")
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, prefixes: PrefixCache | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_StatsCollector(stats))
+        self.registry.register(_StatsCollector(stats, prefixes))
         self._added = Histogram(
             "loopguard_added_latency_seconds",
             "Time loopguard spent between having the request body and sending it upstream.",

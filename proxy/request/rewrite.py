@@ -18,7 +18,9 @@ from proxy.actions import Action, applied, mark_observed
 from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard, evaluate
+from proxy.request import prefix_cache
 from proxy.request.conversation import conversation_key
+from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
 from proxy.request.state import ConversationState
 from proxy.transcript import Transcript
@@ -61,6 +63,7 @@ def decide_request(
     state_for: Callable[[str], ConversationState | None] | None = None,
     dialect: Dialect = openai_chat,  # type: ignore[assignment]
     previous: Callable[[str], Entry | None] | None = None,
+    prefixes: PrefixCache | None = None,
     observed: AbstractSet[str] = frozenset(),
 ) -> RequestDecision:
     """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
@@ -75,6 +78,10 @@ def decide_request(
     shifted to its ``input``); one whose id is not kept comes back unchanged with ``unguarded``
     :data:`proxy.request.response_store.UNKNOWN_PREVIOUS`. With a store, every guarded Responses request
     not sent with ``store: false`` carries its chain in ``chain``, for the answer to be kept.
+
+    ``prefixes``: what earlier requests of each conversation established
+    (:mod:`proxy.request.prefix_cache`; None = read every history in full). The decision is the
+    same with or without it.
 
     ``observed``: the rule names in observe mode (issue 16,
     :meth:`proxy.ops.config.Config.observed_rules`): their actions are in ``actions`` marked
@@ -92,11 +99,22 @@ def decide_request(
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
     if dialect is openai_responses:
         return _decide_responses(
-            raw, body, headers, guards, header_names, now_ms, state_for, previous, model, stream, observed
+            raw,
+            body,
+            headers,
+            guards,
+            header_names,
+            now_ms,
+            state_for,
+            previous,
+            model,
+            stream,
+            prefixes,
+            observed,
         )
     key = conversation_key(headers, body, header_names)
     try:
-        transcript = dialect.parse_request(body)
+        transcript, spans = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     state = state_for(key) if state_for is not None else None
@@ -106,7 +124,13 @@ def decide_request(
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     enforced = applied(actions)
-    out = dialect.apply(raw, enforced, body) if enforced else None
+    out = None
+    if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
+        out = (
+            dialect.apply(raw, enforced, body, spans)
+            if spans is not None
+            else dialect.apply(raw, enforced, body)
+        )
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript)
     return RequestDecision(out, actions, True, key, model, stream, transcript)
@@ -123,9 +147,11 @@ def _decide_responses(
     previous: Callable[[str], Entry | None] | None,
     model: str | None,
     stream: bool | None,
+    prefixes: PrefixCache | None,
     observed: AbstractSet[str] = frozenset(),
 ) -> RequestDecision:
-    """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains."""
+    """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains
+    (a chained request is read in full: its kept chain is not in its bytes)."""
     prev = openai_responses.previous_id(body)
     entry = previous(prev) if prev is not None and previous is not None else None
     if prev is not None and entry is None:
@@ -135,11 +161,14 @@ def _decide_responses(
     try:
         new = openai_responses.input_items(body)
         full = body if entry is None else {**body, "input": [*entry.items(), *new]}
-        transcript = openai_responses.parse_request(full)
+        key = conversation_key(headers, full, header_names)
+        if entry is None:
+            transcript, spans = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
+        else:
+            transcript, spans = openai_responses.parse_request(full), None
     except DialectError:
         key = conversation_key(headers, body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
-    key = conversation_key(headers, full, header_names)
     chain = None
     if previous is not None:
         chain = chain_of(entry, new, prev, keep=body.get("store") is not False)
@@ -148,7 +177,7 @@ def _decide_responses(
     actions = mark_observed(evaluate(transcript, guards, ctx, observed), observed)
     enforced = applied(actions)
     if entry is None:
-        out = openai_responses.apply(raw, enforced, body) if enforced else None
+        out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
     else:
         out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
     if out is None:
