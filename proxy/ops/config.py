@@ -644,9 +644,9 @@ class PrefixCacheConfig:
 
     max_bytes_mb: float = 32.0
 
-    def check(self, path: str) -> None:
+    def check(self, path: str) -> Iterator[ConfigError]:
         if not self.max_bytes_mb >= 0:
-            raise ConfigError(f"{path}.max_bytes_mb", "must be a number >= 0 (0 = off)")
+            yield ConfigError(f"{path}.max_bytes_mb", "must be a number >= 0 (0 = off)")
 
     @property
     def max_bytes(self) -> int:
