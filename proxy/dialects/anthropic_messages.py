@@ -55,7 +55,6 @@ back unmodified).
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +62,9 @@ from typing import Any
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody
+from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript, build
+from proxy.transcript import Said, ToolResult, Transcript
 
 #: Ends the request path: ``/v1/messages`` (behind any prefix), not ``/v1/messages/count_tokens``
 #: nor an OpenAI Assistants ``/v1/threads/{id}/messages``.
@@ -156,7 +156,7 @@ def parse_request(body: Any) -> Transcript:
     return fold.finish(len(messages))
 
 
-class Fold:
+class Fold(FoldState):
     """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
     a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
@@ -165,45 +165,17 @@ class Fold:
     them (:class:`proxy.dialects.Dialect`) and not read: Messages calls are ``tool_use`` blocks,
     read the same whatever the request offers."""
 
-    __slots__ = ("calls", "last_kind", "pending", "positions", "said", "steps", "texts", "turn", "users")
+    __slots__ = ("positions",)
+    EXTRA = ("positions",)
 
     def __init__(self, tools: Any = None) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self.users: list[int] = []
-        self.texts: list[int] = []
-        self.said: list[Said] = []
-        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
-        self.turn = 0
-        self.last_kind = ""
+        super().__init__(None)
         self.positions = 0  # slots read so far (:func:`slots`)
-
-    def copy(self) -> Fold:
-        """An independent copy (feeding either never changes the other)."""
-        out = Fold()
-        out.calls = [dict(c) for c in self.calls]
-        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
-        out.users = list(self.users)
-        out.texts = list(self.texts)
-        out.said = list(self.said)
-        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
-        out.turn = self.turn
-        out.last_kind = self.last_kind
-        out.positions = self.positions
-        return out
 
     def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
         """The transcript of the messages fed (``message_count`` of them; its positions are
         slots, so the count it keeps is theirs)."""
-        return build(
-            self.calls,
-            self.steps,
-            self.users,
-            self.texts,
-            self.positions,
-            self.last_kind == "step",
-            self.said,
-        )
+        return super().finish(self.positions)
 
     def feed(self, i: int, msg: Any) -> None:
         """Read message ``i``. Raises :class:`DialectError` when it is not an object."""

@@ -33,15 +33,15 @@ sequence of steps.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody, text_calls
+from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript, build
+from proxy.transcript import Said, ToolResult, Transcript
 
 PATH_SUFFIX = "/chat/completions"
 #: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
@@ -75,7 +75,7 @@ def parse_request(body: Any) -> Transcript:
     return fold.finish(len(messages), body.get("tool_choice"))
 
 
-class Fold:
+class Fold(FoldState):
     """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
     a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
@@ -84,45 +84,7 @@ class Fold:
     written as text are read against them, so the state after a prefix holds only for a request
     offering the same tools."""
 
-    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "tools", "turn", "users")
-
-    def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
-        self.tools = tools
-        self.calls: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self.users: list[int] = []
-        self.texts: list[int] = []
-        self.said: list[Said] = []
-        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
-        self.turn = 0
-        self.last_kind = ""
-
-    def copy(self) -> Fold:
-        """An independent copy (feeding either never changes the other)."""
-        out = Fold(self.tools)
-        out.calls = [dict(c) for c in self.calls]
-        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
-        out.users = list(self.users)
-        out.texts = list(self.texts)
-        out.said = list(self.said)
-        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
-        out.turn = self.turn
-        out.last_kind = self.last_kind
-        return out
-
-    def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:
-        """The transcript of the ``message_count`` messages fed; ``tool_choice``: the request's."""
-        return build(
-            self.calls,
-            self.steps,
-            self.users,
-            self.texts,
-            message_count,
-            self.last_kind == "step",
-            self.said,
-            self.tools,
-            tool_choice,
-        )
+    __slots__ = ()
 
     def feed(self, pos: int, msg: Any) -> None:
         """Read message ``pos``. Raises :class:`DialectError` when it is not an object."""

@@ -36,15 +36,15 @@ loopguard dropped from that answer, its stop message) first in ``input``.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody, text_calls
+from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript, build
+from proxy.transcript import Said, ToolResult, Transcript
 
 PATH_SUFFIX = "/responses"
 #: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
@@ -100,7 +100,7 @@ def parse_request(body: Any) -> Transcript:
     return fold.finish(len(items), body.get("tool_choice"))
 
 
-class Fold:
+class Fold(FoldState):
     """The transcript of an item list read one item at a time (issue 15): :func:`parse_request`
     is ``feed`` over every item then ``finish``. :meth:`copy` keeps the state after a prefix, so a
     request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
@@ -109,61 +109,13 @@ class Fold:
     written as text are read against them, so the state after a prefix holds only for a request
     offering the same tools."""
 
-    __slots__ = (
-        "calls",
-        "in_step",
-        "last_kind",
-        "pending",
-        "previous",
-        "said",
-        "steps",
-        "texts",
-        "tools",
-        "turn",
-        "users",
-    )
+    __slots__ = ("in_step", "previous")
+    EXTRA = ("in_step", "previous")
 
     def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
-        self.tools = tools
-        self.calls: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self.users: list[int] = []
-        self.texts: list[int] = []
-        self.said: list[Said] = []
-        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
-        self.turn = 0
-        self.last_kind = ""  # "step" while the history ends with a step and its outputs
+        super().__init__(tools)
         self.in_step = False  # the previous item (reasoning aside) was a call of the current step
         self.previous = -1  # position of the previous item, reasoning aside
-
-    def copy(self) -> Fold:
-        """An independent copy (feeding either never changes the other)."""
-        out = Fold(self.tools)
-        out.calls = [dict(c) for c in self.calls]
-        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
-        out.users = list(self.users)
-        out.texts = list(self.texts)
-        out.said = list(self.said)
-        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
-        out.turn = self.turn
-        out.last_kind = self.last_kind
-        out.in_step = self.in_step
-        out.previous = self.previous
-        return out
-
-    def finish(self, item_count: int, tool_choice: Any = None) -> Transcript:
-        """The transcript of the ``item_count`` items fed; ``tool_choice``: the request's."""
-        return build(
-            self.calls,
-            self.steps,
-            self.users,
-            self.texts,
-            item_count,
-            self.last_kind == "step",
-            self.said,
-            self.tools,
-            tool_choice,
-        )
 
     def feed(self, pos: int, item: Any) -> None:
         """Read item ``pos``. Raises :class:`DialectError` when it is not an object."""
