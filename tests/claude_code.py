@@ -92,20 +92,18 @@ What Claude Code 2.1.332 sends (measured against :mod:`tests.fake_messages`):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.agent_cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The Claude Code version the harness is tested with (``.ci/run`` installs it).
@@ -203,8 +201,7 @@ async def run_claude(
     ``auth``), printing JSON; ``prefix`` wraps the command (e.g. ``strace …``). The whole process
     group is killed at ``timeout`` seconds (``returncode`` None then)."""
     home.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    argv = [
         *prefix,
         binary,
         "-p",
@@ -213,21 +210,5 @@ async def run_claude(
         ",".join(allowed_tools),
         "--output-format",
         "json",
-        cwd=workdir,
-        env=environment(base_url, home, auth),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        code: int | None = proc.returncode
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = await proc.communicate()
-        code = None
-    return ClaudeRun(
-        code, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - started
-    )
+    ]
+    return ClaudeRun(*await run_cli(argv, workdir, environment(base_url, home, auth), timeout))

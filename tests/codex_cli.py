@@ -69,17 +69,15 @@ first ``developer`` message item; no request compression to a custom provider):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import re
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.agent_cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The Codex CLI version the harness is tested with (``.ci/run`` installs it).
@@ -190,8 +188,7 @@ async def run_codex(
         "NO_PROXY": "*",
         "LANG": "C.UTF-8",
     }
-    started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    argv = [
         binary,
         "exec",
         "--strict-config",
@@ -199,21 +196,5 @@ async def run_codex(
         "--color",
         "never",
         prompt,
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        code: int | None = proc.returncode
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = await proc.communicate()
-        code = None
-    return CodexRun(
-        code, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - started
-    )
+    ]
+    return CodexRun(*await run_cli(argv, workdir, env, timeout))

@@ -67,19 +67,17 @@ messages, max_tokens, stream, stream_options, tools``, no ``tool_choice``; user 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.agent_cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The Qwen Code version the harness is tested with (``.ci/run`` installs it).
@@ -164,29 +162,12 @@ async def run_qwen(
         "NO_PROXY": "*",
         "LANG": "C.UTF-8",
     }
-    started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    argv = [
         binary,
         "-p",
         prompt,
         "--yolo",
         "--auth-type",
         "openai",
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        code: int | None = proc.returncode
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = await proc.communicate()
-        code = None
-    return QwenRun(
-        code, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - started
-    )
+    ]
+    return QwenRun(*await run_cli(argv, workdir, env, timeout))
