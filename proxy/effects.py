@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.canonical import canonical_arguments
-from proxy.episodes import ContinuationRule, episodes
+from proxy.episodes import ContinuationRule, EpisodeCounter, episodes
 from proxy.failures import FailureRule, RejectionRule
 from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
@@ -421,6 +421,53 @@ def epochs(
     return out
 
 
+class EpochCounter:
+    """:func:`epochs` one call at a time (issue 15: a guard that resumes from a kept state adds
+    only the new calls): :meth:`add` the calls in conversation order, then ask
+    :meth:`unchanged` as of :class:`Epochs` (by index in the order added). Mutable; :meth:`copy`
+    is independent. Gives exactly what :func:`epochs` gives for the same calls."""
+
+    __slots__ = ("_rule", "after", "before", "n", "seen")
+
+    def __init__(self, situations: Situations) -> None:
+        self._rule = situations
+        self.n = 0
+        self.before: list[int] = []
+        self.after: list[int] = []
+        self.seen: dict[tuple[str, str], list[Any]] = {}
+
+    def add(self, call: ToolCall) -> None:
+        """Number ``call``, the next one in conversation order."""
+        rule = self._rule
+        self.before.append(self.n)
+        if rule.effects(call):
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw))
+            results = self.seen.get(key)
+            if call.result is None or call.result.pending:  # judged by the previous pair
+                novel = results is None
+            else:
+                novel = results is None or not any(same_result(r, call.result, rule.masks) for r in results)
+                kept = self.seen.setdefault(key, [])
+                kept.append(call.result)
+                del kept[:-4]
+            # classified only when it matters: a failed or rejected call changed nothing
+            if novel and rule.failures(call.result) is not True and not rule.rejections(call.result):
+                self.n += 1
+        self.after.append(self.n)
+
+    def unchanged(self, earlier: int, later: int) -> bool:
+        """As :meth:`Epochs.unchanged`."""
+        return self.before[later] == self.after[earlier]
+
+    def copy(self) -> EpochCounter:
+        out = EpochCounter(self._rule)
+        out.n = self.n
+        out.before = list(self.before)
+        out.after = list(self.after)
+        out.seen = {k: list(v) for k, v in self.seen.items()}
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class Situations:
     """What progress-aware guards need to tell a repeat from progress: the result ``masks``, the
@@ -436,6 +483,14 @@ class Situations:
 
     def epochs(self, calls: Sequence[ToolCall]) -> Epochs:
         return epochs(calls, self.effects, self.failures, self.masks, self.rejections)
+
+    def epoch_counter(self) -> EpochCounter:
+        """An empty :class:`EpochCounter` under these rules."""
+        return EpochCounter(self)
+
+    def episode_counter(self) -> EpisodeCounter:
+        """An empty :class:`proxy.episodes.EpisodeCounter` under the continuation rule."""
+        return EpisodeCounter(self.continuations)
 
     def episodes(self, transcript: Transcript) -> tuple[int, ...]:
         """Per call, its episode (:mod:`proxy.episodes`): turns that continuations do not split."""

@@ -89,3 +89,42 @@ def episodes(transcript: Transcript, rule: ContinuationRule) -> tuple[int, ...]:
     result = tuple(out)
     _last = (transcript.calls, rule, result)
     return result
+
+
+class EpisodeCounter:
+    """:func:`episodes` one call at a time (issue 15): :meth:`of` the calls in conversation order
+    gives each its episode, reading only the user messages before it that it has not read yet.
+    Mutable; :meth:`copy` is independent. Gives exactly what :func:`episodes` gives."""
+
+    __slots__ = ("_rule", "_said", "_users", "k")
+
+    def __init__(self, rule: ContinuationRule) -> None:
+        self._rule = rule
+        self._users = 0  # user messages read (index into transcript.user_positions)
+        self._said = 0  # index into transcript.said, for the texts of those messages
+        self.k = 0  # new requests among them
+
+    def of(self, transcript: Transcript, position: int) -> int:
+        """The episode of a call (or anything) at message ``position``, no earlier than the last
+        asked."""
+        users = transcript.user_positions
+        said = transcript.said
+        while self._users < len(users) and users[self._users] < position:
+            pos = users[self._users]
+            while self._said < len(said) and said[self._said].position < pos:
+                self._said += 1
+            text = None  # the last user text said at that position, as episodes() reads it
+            j = self._said
+            while j < len(said) and said[j].position == pos:
+                if said[j].role == "user":
+                    text = said[j].text
+                j += 1
+            if text is None or not self._rule(text):
+                self.k += 1
+            self._users += 1
+        return self.k
+
+    def copy(self) -> EpisodeCounter:
+        out = EpisodeCounter(self._rule)
+        out._users, out._said, out.k = self._users, self._said, self.k
+        return out

@@ -24,7 +24,7 @@ from proxy.transcript import ToolResult
 from proxy.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, MASK, Masks, compile_masks, mask
 
 if TYPE_CHECKING:
-    from proxy.effects import Epochs
+    from proxy.effects import EpochCounter, Epochs
 
 __all__ = [
     "DEFAULT_MASKS",
@@ -115,7 +115,7 @@ class RepeatJudge:
 
     __slots__ = ("_epochs", "_last", "_masks")
 
-    def __init__(self, masks: Masks = DEFAULT_MASKS, epochs: Epochs | None = None) -> None:
+    def __init__(self, masks: Masks = DEFAULT_MASKS, epochs: Epochs | EpochCounter | None = None) -> None:
         self._masks = masks
         self._epochs = epochs
         # key -> (last known result or None, verdict of the last call, it was the first, index)
@@ -141,3 +141,10 @@ class RepeatJudge:
 
     def forget(self) -> None:
         self._last.clear()
+
+    def copy(self, epochs: Epochs | EpochCounter | None = None) -> RepeatJudge:
+        """An independent copy judging with ``epochs`` (the copy of this judge's counter, when it
+        has one: :class:`proxy.effects.EpochCounter`)."""
+        out = RepeatJudge(self._masks, epochs)
+        out._last = dict(self._last)
+        return out

@@ -276,7 +276,8 @@ def test_messages_given_twice_are_read_in_full_and_never_kept() -> None:
     )
     cache = PrefixCache(1 << 20)
     body = orjson.loads(raw)
-    transcript, spans = read(raw, body, openai_chat, "k", cache)  # type: ignore[arg-type]
+    found = read(raw, body, openai_chat, "k", cache)  # type: ignore[arg-type]
+    transcript, spans = found.transcript, found.spans
     assert transcript == openai_chat.parse_request(body)
     assert spans is None
     assert cache.stats.entries == 0

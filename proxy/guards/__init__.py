@@ -7,7 +7,6 @@ the same step).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from proxy.guards.narration import Narration
 from proxy.guards.recurrence import Recurrence
 from proxy.guards.repeat_reminder import RepeatReminder
 from proxy.guards.repeated_failure import RepeatedFailure
+from proxy.guards.resume import context_for
 from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
 from proxy.ops.config import GuardsConfig
@@ -116,11 +116,5 @@ def evaluate(
     returned actions ``observed`` is the caller's (:func:`proxy.actions.mark_observed`)."""
     actions: list[Action] = []
     for guard in guards:
-        if getattr(guard, "reads_prior", False):
-            prior = (*ctx.prior, *actions)
-            if observed and getattr(guard, "name", None) not in observed:
-                prior = tuple(a for a in prior if a.rule not in observed and not a.observed)
-            actions.extend(guard(transcript, dataclasses.replace(ctx, prior=prior)))
-        else:
-            actions.extend(guard(transcript, ctx))
+        actions.extend(guard(transcript, context_for(guard, ctx, actions, observed)))
     return actions

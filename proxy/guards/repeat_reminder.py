@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from proxy.actions import Action, Remind
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EpochCounter, Situations
+from proxy.episodes import EpisodeCounter
 from proxy.ops.config import RepeatReminderConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
@@ -79,34 +80,47 @@ class RepeatReminder:
             return False
         return not self._exclude.matches(name)
 
+    def begin(self) -> RepeatState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        epochs = self._situations.epoch_counter() if self._cfg.progress_aware else None
+        judge = RepeatJudge(self._situations.masks, epochs) if epochs is not None else None
+        episodes = self._situations.episode_counter() if self._cfg.progress_aware else None
+        return RepeatState(judge, epochs, episodes)
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: RepeatState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders decided for them."""
         cfg = self._cfg
         lowest = cfg.thresholds[0]
         actions: list[Action] = []
-        prev_key: tuple[str, str] | None = None
-        prev_turn = -1
-        count = 0
-        judge = None
-        tracked = [c for c in transcript.calls if self.tracked(c.name)]
-        if len(tracked) == len(transcript.calls):
-            tracked = transcript.calls  # the same object: the epochs of the request are reused
-        if cfg.progress_aware:  # untracked calls are transparent: they change no situation either
-            judge = RepeatJudge(self._situations.masks, self._situations.epochs(tracked))
-        # progress-aware chains go on across a continuation ("continue", a compaction summary)
-        group = self._situations.episodes(transcript) if cfg.progress_aware else None
-        for index, call in enumerate(tracked):
+        calls = transcript.calls
+        s = state
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            if not self.tracked(call.name):  # untracked: transparent, they change no situation either
+                continue
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-            progress = judge is not None and not judge.repeats(key, call.result, index)
-            turn = call.turn if group is None else group[call.seq]
-            if turn != prev_turn or key != prev_key or progress:
-                count = 0
-            count += 1
-            prev_key, prev_turn = key, turn
-            if count not in self._thresholds:
+            progress = False
+            if s.judge is not None and s.epochs is not None:
+                s.epochs.add(call)
+                progress = not s.judge.repeats(key, call.result, s.index)
+            s.index += 1
+            # progress-aware chains go on across a continuation ("continue", a compaction summary)
+            turn = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
+            if turn != s.prev_turn or key != s.prev_key or progress:
+                s.count = 0
+            s.count += 1
+            s.prev_key, s.prev_turn = key, turn
+            if s.count not in self._thresholds:
                 continue
             end = transcript.steps[call.step].end
             if end is None:
                 continue
+            count = s.count
             if count == lowest:
                 text = GENTLE_TEXT
             else:
@@ -129,3 +143,32 @@ class RepeatReminder:
                 )
             )
         return actions
+
+
+class RepeatState:
+    """What :class:`RepeatReminder` has read: the next call (``seq``), the tracked calls read
+    (``index``), the chain (``prev_key``, ``prev_turn``, ``count``) and, progress-aware, the
+    judge with its situation counter and the episode counter. Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = ("count", "episodes", "epochs", "index", "judge", "next", "prev_key", "prev_turn")
+
+    def __init__(
+        self, judge: RepeatJudge | None, epochs: EpochCounter | None, episodes: EpisodeCounter | None
+    ) -> None:
+        self.judge = judge
+        self.epochs = epochs
+        self.episodes = episodes
+        self.next = 0
+        self.index = 0
+        self.prev_key: tuple[str, str] | None = None
+        self.prev_turn = -1
+        self.count = 0
+
+    def copy(self) -> RepeatState:
+        epochs = self.epochs.copy() if self.epochs is not None else None
+        judge = self.judge.copy(epochs) if self.judge is not None else None
+        out = RepeatState(judge, epochs, self.episodes.copy() if self.episodes is not None else None)
+        out.next, out.index, out.count = self.next, self.index, self.count
+        out.prev_key, out.prev_turn = self.prev_key, self.prev_turn
+        return out

@@ -34,6 +34,7 @@ from its event loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -59,13 +60,16 @@ class Prefix:
     through the end of its last item. ``spans``: each item's (start, end), relative to that
     ``[``. ``fold``: the dialect's parse state after the last item (never fed again: copied
     before resuming). ``size``: what it counts against the budget. ``tools``: the offered tools
-    that state was read against (:func:`tools_key`)."""
+    that state was read against (:func:`tools_key`). ``checkpoint``: what the guards kept of it."""
 
     items: bytes
     spans: tuple[Span, ...]
     fold: Any
     size: int
     tools: bytes = b"null"
+    #: the guards' checkpoint of this history (:class:`proxy.guards.resume.Checkpoint`), once
+    #: they have run over it (:meth:`PrefixCache.keep_checkpoint`)
+    checkpoint: Any = None
 
 
 @dataclass(slots=True)
@@ -115,6 +119,12 @@ class PrefixCache:
             self.stats.evictions += 1
         self.stats.entries = len(self._entries)
 
+    def keep_checkpoint(self, dialect: str, key: str, entry: Prefix, checkpoint: Any) -> None:
+        """Attach the guards' ``checkpoint`` to ``entry`` when it is still the conversation's kept
+        prefix (another request may have replaced it since)."""
+        if checkpoint is not None and self._entries.get((dialect, key)) is entry:
+            self._entries[(dialect, key)] = dataclasses.replace(entry, checkpoint=checkpoint)
+
     def clear(self) -> None:
         """Drop every entry (as a restart does; the counters stay)."""
         self._entries.clear()
@@ -144,33 +154,45 @@ def tools_key(tools: Any) -> bytes | None:
         return None
 
 
-def read(
-    raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None
-) -> tuple[Transcript, list[Span] | None]:
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What :func:`read` found: the ``transcript``, the history items' byte ``spans`` (None:
+    not known), the guards' ``checkpoint`` of the kept prefix it resumed from (None: a full
+    read, or none kept), and the ``entry`` it kept for this request (None: nothing kept), to
+    attach this request's checkpoint to (:meth:`PrefixCache.keep_checkpoint`)."""
+
+    transcript: Transcript
+    spans: list[Span] | None = None
+    checkpoint: Any = None
+    entry: Prefix | None = None
+
+
+def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None) -> Read:
     """The transcript of a decoded request body (``raw`` decoded: ``body``), as
     ``dialect.parse_request(body)`` gives it, and the byte spans of its history's items (what
     :func:`proxy.dialects.jsonbody.items` gives; None when the history member is missing, not a
-    list, or given twice: the dialect's ``apply`` then finds them itself). Resumes from the
-    conversation's kept prefix when the history starts with its bytes, and keeps this request's
-    history for the next one. ``cache`` None: a full read, nothing kept.
+    list, or given twice: the dialect's ``apply`` then finds them itself), as a :class:`Read`.
+    Resumes from the conversation's kept prefix when the history starts with its bytes, and
+    keeps this request's history for the next one. ``cache`` None: a full read, nothing kept.
 
     Raises what ``dialect.parse_request`` raises (:class:`proxy.errors.DialectError`).
     """
     member: str | None = getattr(dialect, "ITEMS", None)
     if cache is None or member is None or not hasattr(dialect, "Fold"):  # a dialect without a fold
-        return dialect.parse_request(body), None
+        return Read(dialect.parse_request(body))
     listed = body.get(member)
     if not isinstance(listed, list):
-        return dialect.parse_request(body), None
+        return Read(dialect.parse_request(body))
     start = jsonbody.member_start(raw, jsonbody.root(raw), member, body)
     if start is None or raw[start : start + 1] != b"[":
-        return dialect.parse_request(body), None
+        return Read(dialect.parse_request(body))
     tools = text_calls.offered_tools(body)
     offered = tools_key(tools)
     if offered is None:
-        return dialect.parse_request(body), None
+        return Read(dialect.parse_request(body))
     kept = cache.get(dialect.PATH_SUFFIX, key)
     fold: Any = None
+    checkpoint: Any = None
     spans: list[Span] | None = None
     if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
         n = len(kept.spans)
@@ -178,6 +200,7 @@ def read(
         if n + len(tail) == len(listed):
             spans = [(start + s, start + e) for s, e in kept.spans] + tail
             fold = kept.fold.copy()
+            checkpoint = kept.checkpoint
             for pos in range(n, len(listed)):
                 fold.feed(pos, listed[pos])
     if fold is None:
@@ -191,14 +214,12 @@ def read(
         cache.stats.hits += 1
     assert spans is not None
     if len(spans) != len(listed) or member in jsonbody.keys_after(raw, end, body):
-        return dialect.parse_request(body), None  # the member given twice: decoders read the last
+        return Read(dialect.parse_request(body))  # the member given twice: decoders read the last
     transcript = fold.finish(len(listed), body.get("tool_choice"))
+    entry = None
     if spans:
         last = spans[-1][1]
         size = entry_size(last - start, len(fold.calls), len(spans))
-        cache.put(
-            dialect.PATH_SUFFIX,
-            key,
-            Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size, offered),
-        )
-    return transcript, spans
+        entry = Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size, offered)
+        cache.put(dialect.PATH_SUFFIX, key, entry)
+    return Read(transcript, spans, checkpoint, entry)

@@ -17,7 +17,8 @@ from typing import Any
 from proxy.actions import Action, applied, mark_observed
 from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
-from proxy.guards import Context, Guard, evaluate
+from proxy.guards import Context, Guard
+from proxy.guards.resume import Checkpoint, evaluate_from
 from proxy.request import prefix_cache
 from proxy.request.conversation import conversation_key
 from proxy.request.prefix_cache import PrefixCache
@@ -45,6 +46,9 @@ class RequestDecision:
     transcript: Transcript | None = None
     unguarded: str | None = None
     chain: Chain | None = None
+    #: the guards' checkpoint of ``transcript`` (:class:`proxy.guards.resume.Checkpoint`; None: no
+    #: step, or a chained Responses request), for the response side to resume from
+    checkpoint: Checkpoint | None = None
 
 
 #: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.
@@ -114,15 +118,19 @@ def decide_request(
         )
     key = conversation_key(headers, body, header_names)
     try:
-        transcript, spans = prefix_cache.read(raw, body, dialect, key, prefixes)
+        found = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
+    transcript, spans = found.transcript, found.spans
     state = state_for(key) if state_for is not None else None
     ctx = Context(conversation=key, now_ms=now_ms, state=state)
     try:
-        actions = mark_observed(evaluate(transcript, guards, ctx, observed), observed)
+        evaluated, checkpoint = evaluate_from(transcript, guards, ctx, observed, found.checkpoint)
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
+    actions = mark_observed(evaluated, observed)
+    if prefixes is not None and found.entry is not None:
+        prefixes.keep_checkpoint(dialect.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     out = None
     if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
@@ -132,8 +140,8 @@ def decide_request(
             else dialect.apply(raw, enforced, body)
         )
     if out is None:
-        return RequestDecision(raw, actions, False, key, model, stream, transcript)
-    return RequestDecision(out, actions, True, key, model, stream, transcript)
+        return RequestDecision(raw, actions, False, key, model, stream, transcript, checkpoint=checkpoint)
+    return RequestDecision(out, actions, True, key, model, stream, transcript, checkpoint=checkpoint)
 
 
 def _decide_responses(
@@ -163,9 +171,10 @@ def _decide_responses(
         full = body if entry is None else {**body, "input": [*entry.items(), *new]}
         key = conversation_key(headers, full, header_names)
         if entry is None:
-            transcript, spans = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
+            found = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
         else:
-            transcript, spans = openai_responses.parse_request(full), None
+            found = prefix_cache.Read(openai_responses.parse_request(full))
+        transcript, spans = found.transcript, found.spans
     except DialectError:
         key = conversation_key(headers, body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
@@ -174,12 +183,24 @@ def _decide_responses(
         chain = chain_of(entry, new, prev, keep=body.get("store") is not False)
     state = state_for(key) if state_for is not None else None
     ctx = Context(conversation=key, now_ms=now_ms, state=state)
-    actions = mark_observed(evaluate(transcript, guards, ctx, observed), observed)
+    evaluated, checkpoint = evaluate_from(transcript, guards, ctx, observed, found.checkpoint)
+    actions = mark_observed(evaluated, observed)
+    if prefixes is not None and found.entry is not None:
+        prefixes.keep_checkpoint(openai_responses.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     if entry is None:
         out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
     else:
         out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
-    if out is None:
-        return RequestDecision(raw, actions, False, key, model, stream, transcript, chain=chain)
-    return RequestDecision(out, actions, True, key, model, stream, transcript, chain=chain)
+    changed = out is not None
+    return RequestDecision(
+        out if out is not None else raw,
+        actions,
+        changed,
+        key,
+        model,
+        stream,
+        transcript,
+        chain=chain,
+        checkpoint=checkpoint,
+    )

@@ -1,0 +1,153 @@
+"""Guards that resume from a kept state (issue 15): a request costs what its new steps cost.
+
+An agent sends its whole history on every step, and a guard that reads the whole transcript on
+every request does work that grows with the history. A *resumable* guard keeps what it has
+established in a small mutable state and advances it over the transcript one unit (call, said
+message, user message) at a time:
+
+- ``guard.begin() -> state``: the state before anything is read. ``state.copy()`` is an
+  independent copy (advancing either never changes the other).
+- ``guard.advance(state, transcript, ctx, upto) -> list[Action]``: read every unit at a message
+  position ``< upto`` that ``state`` has not read yet, in conversation order, and return the
+  actions decided for them (in the order the whole-transcript call gives them).
+- ``guard(transcript, ctx)`` is ``guard.advance(guard.begin(), transcript, ctx,
+  transcript.message_count)``: one code path, so the whole-transcript call and the fold are the
+  same by construction.
+
+A :class:`Checkpoint` is every resumable guard's state at the *cut* of a transcript
+(:func:`cut`: the position of its last step's assistant message; the last step is always read
+again, since its results may still arrive) and the actions decided before it. None is made while
+a call before the cut waits for its result.
+:func:`evaluate_from` resumes from one: each resumable guard copies its kept state, advances it
+over what lies between the two cuts (kept again as the new checkpoint) and over the rest. A guard
+without ``begin``/``advance`` (narration: it reads the clock and the remembered state) runs over
+the whole transcript every time.
+
+What a checkpoint may be used for is the caller's promise (the prefix cache,
+:mod:`proxy.request.prefix_cache`, keeps one per conversation): every unit before its cut is the
+same in the new transcript, the guards are the same objects and the observed rules the same.
+Then the actions are exactly those of :func:`proxy.guards.evaluate` (``tests/test_resume.py``
+replays every fixture and real run both ways, a request at a time). A guard that breaks that
+promise (an action before the cut that depends on what comes after) is caught there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from proxy.actions import Action
+from proxy.transcript import Transcript
+
+if TYPE_CHECKING:
+    from proxy.guards import Context, Guard
+
+
+def resumable(guard: object) -> bool:
+    """True for a guard with ``begin`` and ``advance`` (see the module docstring)."""
+    return hasattr(guard, "begin") and hasattr(guard, "advance")
+
+
+def cut(transcript: Transcript) -> int | None:
+    """Where a checkpoint of ``transcript`` is taken: the message position of its last step's
+    assistant message (None: no step, nothing worth keeping)."""
+    return transcript.steps[-1].position if transcript.steps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What :func:`evaluate_from` kept of one transcript. ``guards``: the guards it was made with
+    (compared by identity: a reload builds new ones). ``observed``: the observed rules then.
+    ``cut``: :func:`cut` of that transcript. ``states``/``actions``: per guard, its state after
+    every unit before the cut and the actions decided for them (None/() for a guard that is not
+    resumable). Never changed after it is made: a resume copies the states."""
+
+    guards: tuple[Any, ...]
+    observed: frozenset[str]
+    cut: int
+    states: tuple[Any, ...]
+    actions: tuple[tuple[Action, ...], ...]
+
+    def fits(self, guards: Sequence[Any], observed: AbstractSet[str], new_cut: int | None) -> bool:
+        """True when a transcript cut at ``new_cut`` may resume from this checkpoint under those
+        guards and observed rules (the caller having checked its units before :attr:`cut`)."""
+        return (
+            new_cut is not None
+            and self.cut <= new_cut
+            and len(self.guards) == len(guards)
+            and all(a is b for a, b in zip(self.guards, guards, strict=True))
+            and self.observed == frozenset(observed)
+        )
+
+
+def context_for(
+    guard: object, ctx: Context, earlier: Sequence[Action], observed: AbstractSet[str]
+) -> Context:
+    """The context ``guard`` runs with: for a guard with ``reads_prior = True``, ``ctx.prior``
+    plus the actions of the guards before it (``earlier``); an enforced one reads only the
+    applied ones (see :func:`proxy.guards.evaluate`)."""
+    if not getattr(guard, "reads_prior", False):
+        return ctx
+    prior = (*ctx.prior, *earlier)
+    if observed and getattr(guard, "name", None) not in observed:
+        prior = tuple(a for a in prior if a.rule not in observed and not a.observed)
+    return dataclasses.replace(ctx, prior=prior)
+
+
+def evaluate_from(
+    transcript: Transcript,
+    guards: Sequence[Guard],
+    ctx: Context,
+    observed: AbstractSet[str] = frozenset(),
+    checkpoint: Checkpoint | None = None,
+) -> tuple[list[Action], Checkpoint | None]:
+    """:func:`proxy.guards.evaluate`, resuming the resumable guards from ``checkpoint`` when it
+    :meth:`~Checkpoint.fits`; returns the actions (exactly what ``evaluate`` returns) and the
+    checkpoint of this transcript (None when it has no step)."""
+    new_cut = cut(transcript)
+    usable = checkpoint is not None and checkpoint.fits(guards, observed, new_cut)
+    end = transcript.message_count
+    actions: list[Action] = []
+    states: list[Any] = []
+    kept: list[tuple[Action, ...]] = []
+    for i, guard in enumerate(guards):
+        gctx = context_for(guard, ctx, actions, observed)
+        if not resumable(guard):
+            actions.extend(guard(transcript, gctx))
+            states.append(None)
+            kept.append(())
+            continue
+        g: Any = guard
+        if usable and checkpoint is not None and checkpoint.states[i] is not None:
+            state = checkpoint.states[i].copy()
+            own = list(checkpoint.actions[i])
+        else:
+            state = g.begin()
+            own = []
+        if new_cut is not None:
+            own.extend(g.advance(state, transcript, gctx, new_cut))
+            states.append(state.copy())
+            kept.append(tuple(own))
+        own.extend(g.advance(state, transcript, gctx, end))
+        actions.extend(own)
+    if new_cut is None or not _settled(transcript, checkpoint.cut if usable and checkpoint else 0, new_cut):
+        return actions, None
+    return actions, Checkpoint(tuple(guards), frozenset(observed), new_cut, tuple(states), tuple(kept))
+
+
+def _settled(transcript: Transcript, since: int, upto: int) -> bool:
+    """True when every call at a message position in ``[since, upto)`` has its result (calls
+    before ``since`` were checked when the checkpoint resumed from was made). A call before the
+    cut still waiting for its result (a history that answers a step late) could get it in a
+    later request and be judged differently: no checkpoint is made then."""
+    for call in reversed(transcript.calls):
+        if call.position >= upto:
+            continue
+        if call.position < since:
+            break
+        if call.result is None:
+            return False
+    return True
