@@ -16,6 +16,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -24,17 +25,22 @@ from proxy.guards import Context, Guard, build_guards, evaluate
 from proxy.guards.narration import Narration
 from proxy.guards.resume import Checkpoint, cut, evaluate_from, resumable
 from proxy.ops.config import Config, build
+from proxy.request.prefix_cache import PrefixCache
+from proxy.request.rewrite import decide_request
+from proxy.response.assemble import AssembledCall
+from proxy.response.decide import deciders
 from tests import messages_blocks, realtraj, responses_items
 from tests.corpus import default_config, load_fixtures
 from tests.test_prefix_cache import _ends, conversations
 
 
-def _config(every: bool) -> Config:
+def _config(every: bool, observe: Sequence[str] = ()) -> Config:
     raw = copy.deepcopy(default_config())
-    if every:
-        for section in raw.get("guards", {}).values():
-            if isinstance(section, dict) and "enabled" in section:
-                section["enabled"] = True
+    for name, section in raw.get("guards", {}).items():
+        if every and isinstance(section, dict) and "enabled" in section:
+            section["enabled"] = True
+        if name in observe:
+            section["mode"] = "observe"
     return build(Config, raw)
 
 
@@ -135,3 +141,65 @@ def test_a_checkpoint_fits_only_the_same_guards_observed_rules_and_a_later_cut()
     assert not cp.fits(DEFAULTS, frozenset(), None)
     assert not cp.fits(_guards(_config(False)), frozenset(), 10)  # a reload builds new guards
     assert not cp.fits(DEFAULTS, frozenset({"cycles"}), 10)
+
+
+# --- the response-side stop judge resumes from the request's checkpoint -------------------------
+
+
+def _answers(messages: list[dict[str, Any]]) -> list[tuple[int, list[AssembledCall], str]]:
+    """Every assistant message with tool calls: (its index, its calls as the answer side
+    assembles them, its text)."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [
+                AssembledCall(c.get("id"), c["function"]["name"], c["function"].get("arguments") or "")
+                for c in m["tool_calls"]
+            ]
+            out.append((i, calls, m.get("content") if isinstance(m.get("content"), str) else ""))
+    return out
+
+
+JUDGE_SETUPS = {
+    "defaults": _config(False),
+    "every": _config(True),
+    "observed": _config(True, observe=("repeat_reminder", "same_target")),
+    "all observed": build(Config, {**copy.deepcopy(default_config()), "mode": "observe"}),
+}
+
+
+@pytest.mark.parametrize(("name", "messages", "tools"), CONVERSATIONS, ids=[c[0] for c in CONVERSATIONS])
+@pytest.mark.parametrize("setup", list(JUDGE_SETUPS))
+def test_the_stop_judge_resumed_from_the_request_stops_where_the_whole_run_stops(
+    name: str, messages: list[dict[str, Any]], tools: Any, setup: str
+) -> None:
+    cfg = JUDGE_SETUPS[setup]
+    guards = _guards(cfg)
+    cache = PrefixCache(1 << 30)
+    answers = _answers(messages)
+    if name.startswith("realtraj/"):
+        answers = answers[:: max(1, len(answers) // 40)]
+    judged = stopped = 0
+    for i, calls, text in answers:
+        raw = orjson.dumps({"model": "m", "messages": messages[:i], **({"tools": tools} if tools else {})})
+        decision = decide_request(
+            raw,
+            {"x-session-id": "s"},
+            guards,
+            ("x-session-id",),
+            prefixes=cache,
+            observed=cfg.observed_rules(),
+        )
+        if decision.transcript is None:
+            continue
+        ctx = Context(conversation=decision.conversation)
+        resumed = deciders(decision.transcript, decision.actions, guards, ctx, cfg, decision.checkpoint)
+        whole = deciders(decision.transcript, decision.actions, guards, ctx, cfg)
+        for a, b in ((resumed.judge, whole.judge), (resumed.shadow_judge, whole.shadow_judge)):
+            assert (a is None) == (b is None)
+            if a is not None and b is not None:
+                got, want = a(calls, text), b(calls, text)
+                assert got == want, f"answer at message {i}: {got} vs {want}"
+                judged += 1
+                stopped += want is not None
+    assert judged >= 1 or not answers

@@ -265,7 +265,8 @@ def _plan(
     # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
-    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg)
+    checkpoint = decision.checkpoint if decision is not None else None
+    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
     if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)

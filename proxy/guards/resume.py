@@ -83,6 +83,27 @@ class Checkpoint:
         )
 
 
+    def narrowed(self, guards: Sequence[Any]) -> Checkpoint:
+        """This checkpoint for a subset of its guards run under no observed rules (the
+        response-side stop judge, :class:`proxy.response.decide.StopJudge`): each guard's kept state
+        (found by identity; a guard not kept starts from nothing). A guard that reads prior actions
+        keeps its state only when no rule was observed here: an observed rule changes what it
+        read. Nothing but prior actions differs between the two runs before the cut (the other
+        guards read only the transcript)."""
+        index = {id(g): i for i, g in enumerate(self.guards)}
+        states: list[Any] = []
+        actions: list[tuple[Action, ...]] = []
+        for g in guards:
+            i = index.get(id(g))
+            if i is None or (self.observed and getattr(g, "reads_prior", False)):
+                states.append(None)
+                actions.append(())
+            else:
+                states.append(self.states[i])
+                actions.append(self.actions[i])
+        return Checkpoint(tuple(guards), frozenset(), self.cut, tuple(states), tuple(actions))
+
+
 def context_for(
     guard: object, ctx: Context, earlier: Sequence[Action], observed: AbstractSet[str]
 ) -> Context:

@@ -349,7 +349,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
         result.calls = max(result.calls, len(t.calls) + len(ex.answer.get("tool_calls") or []))
         try:
             ctx = Context(conversation=decision.conversation, now_ms=ex.time_ms)
-            d = deciders(t, decision.actions, guards, ctx, cfg)
+            d = deciders(t, decision.actions, guards, ctx, cfg, decision.checkpoint)
             body = _completion(ex.answer)
             actions: list[Action] = decide_json(body, d.judge, d.cfg)[1] if d.enforcing else []
             if d.observing:

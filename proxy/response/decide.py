@@ -2,9 +2,11 @@
 
 - **Stop** (:class:`StopJudge`): the response's calls are appended to the request's transcript as
   one more step, with empty placeholder results marked ``pending``, and the request-side guards
-  are asked whether they would withhold any of them (the same :func:`proxy.guards.evaluate`, no
-  guard logic duplicated here; a placeholder is never compared: progress-aware rules judge a
-  pending call by the previous pair, :mod:`proxy.progress`). The turn is stopped when
+  are asked whether they would withhold any of them (the same guards, resumed from the request's
+  checkpoint when there is one, :func:`proxy.guards.resume.evaluate_from`, so only the request's
+  last step and the answer's are read; no guard logic duplicated here; a placeholder is never
+  compared: progress-aware rules judge a pending call by the previous pair, :mod:`proxy.progress`).
+  The turn is stopped when
   - a call would be denied and the current turn (after the last user message) already has
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
   - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
@@ -44,12 +46,13 @@ from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.canonical import canonical_arguments, parse_arguments
 from proxy.dialects import jsonbody
 from proxy.dialects.openai_chat import content_text
-from proxy.guards import Context, Guard, evaluate
+from proxy.guards import Context, Guard
 from proxy.guards.circuit_breaker import CAP
 from proxy.guards.circuit_breaker import RULE as BREAKER
 from proxy.guards.escalation import RULE as ESCALATION_RULE
 from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
+from proxy.guards.resume import Checkpoint, evaluate_from
 from proxy.ops.config import Config, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
@@ -144,6 +147,7 @@ class StopJudge:
         "_after",
         "_cap",
         "_cfg",
+        "_checkpoint",
         "_ctx",
         "_escalated",
         "_guards",
@@ -160,11 +164,15 @@ class StopJudge:
         guards: Sequence[Guard],
         ctx: Context,
         cfg: Config,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         self._transcript = transcript
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
+        # the request's checkpoint (issue 15), narrowed to these guards: the guards resume from it
+        # over the request's last step and the answer's instead of reading the whole history
+        self._checkpoint = checkpoint.narrowed(self._guards) if checkpoint is not None else None
         # the escalation ladder reads the reminders: those of the request (the answer's own step
         # has none yet), since reminder-only guards are not asked again
         self._ctx = dataclasses.replace(ctx, prior=tuple(a for a in request_actions if isinstance(a, Remind)))
@@ -206,10 +214,8 @@ class StopJudge:
         if not (by_denials or by_cap or self._escalated):
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
-        denied = sorted(
-            (a for a in evaluate(extended, self._guards, self._ctx) if isinstance(a, Withhold)),
-            key=lambda a: a.position,
-        )
+        evaluated = evaluate_from(extended, self._guards, self._ctx, frozenset(), self._checkpoint)[0]
+        denied = sorted((a for a in evaluated if isinstance(a, Withhold)), key=lambda a: a.position)
         denied = [a for a in denied if a.position in pending]
         capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
         if by_cap and capped:
@@ -470,12 +476,15 @@ def deciders(
     guards: Sequence[Guard],
     ctx: Context,
     cfg: Config,
+    checkpoint: Checkpoint | None = None,
 ) -> Deciders:
     """Split the response side by ``cfg.observed_rules()``: the cuts go to the enforced part
     unless ``response.mode`` is observe; an enforced stop judge reads only the applied request
     actions and asks only the enforced guards (so the stop text it writes is true), while an
     observed one (``stop.mode: observe``, or any guard observed: the stop enforcing it would
-    make) reads all of them and asks every guard. ``transcript`` None: no judge at all."""
+    make) reads all of them and asks every guard. ``transcript`` None: no judge at all.
+    ``checkpoint``: the request's (:attr:`proxy.request.rewrite.RequestDecision.checkpoint`), for
+    the judges' guards to resume from."""
     observed = cfg.observed_rules()
     enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
     shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
@@ -484,9 +493,9 @@ def deciders(
         if "stop" not in observed:
             enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
             kept = tuple(a for a in request_actions if not a.observed)
-            judge = StopJudge(transcript, kept, enforced, ctx, cfg)
+            judge = StopJudge(transcript, kept, enforced, ctx, cfg, checkpoint)
         if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
-            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg)
+            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg, checkpoint)
     return Deciders(enforce_cfg, judge, shadow_cfg, shadow)
 
 
