@@ -814,6 +814,19 @@ def session_test(gen: LoadGen, tmp: Path, upstream: str, plan: Plan, live: list[
             )
             row["growth"] = div(row["last10_added_p50_ms"], row["first10_added_p50_ms"])
         out[name] = row
+    # what the guards themselves add: each request's latency over loopguard-off's for the same
+    # request (the forwarding of a growing body costs every proxy more; see the bare arm)
+    off = lat.get("loopguard-off", {}).get("lat") or []
+    for name, row in out.items():
+        mine = lat.get(name, {}).get("lat") or []
+        if not isinstance(row, dict) or name in ("direct", "loopguard-off") or "requests" not in row:
+            continue
+        if len(mine) != len(off) or not off:
+            continue
+        over = [x - o for x, o in zip(mine, off, strict=True)]
+        k = max(1, len(over) // 10)
+        row["first10_over_off_p50_ms"] = pct(over[:k], 0.5)
+        row["last10_over_off_p50_ms"] = pct(over[-k:], 0.5)
     return out
 
 
@@ -927,6 +940,15 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         None if g is None else g <= 1.5,
         f"{f(sess.get('first10_added_p50_ms'))} → {f(sess.get('last10_added_p50_ms'))} ms ({f(g, 1)}×)"
         if g is not None else "",
+    )
+    a0, a1 = sess.get("first10_over_off_p50_ms"), sess.get("last10_over_off_p50_ms")
+    flat = None if a0 is None or a1 is None else a1 <= 1.5 * max(a0, 0.0) + 0.5
+    target(
+        "issue 15: agent session, what the guards add over loopguard-off: last 10% ≤ 1.5 × the first 10% "
+        "(+0.5 ms of noise)",
+        {"loopguard", "loopguard-off"},
+        flat,
+        f"{f(a0)} → {f(a1)} ms" if flat is not None else "",
     )
     for w in WORKLOADS:
         for c in CONCURRENCY:
@@ -1083,20 +1105,22 @@ def report(res: dict[str, Any]) -> str:
             "concurrency 1)",
             "",
             "| arm | requests | bytes first → last | added p50 first 10% ms | added p50 last 10% ms "
-            "| last / first | whole session s |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| last / first | over loopguard-off first 10% ms | over loopguard-off last 10% ms "
+            "| whole session s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, row in sess.items():
             if not isinstance(row, dict) or name == "direct":
                 continue
             if "requests" not in row:
                 err = row.get("first_error")
-                lines.append(f"| {name} | {row.get('n')} | — | — | — | — | errors: {err} |")
+                lines.append(f"| {name} | {row.get('n')} | — | — | — | — | — | — | errors: {err} |")
                 continue
             lines.append(
                 f"| {name} | {row['requests']} | {row['first_bytes']:,} → {row['last_bytes']:,} "
                 f"| {f(row['first10_added_p50_ms'], sign=True)} | {f(row['last10_added_p50_ms'], sign=True)} "
-                f"| {f(row['growth'], 1)}× | {f(row['total_s'], 1)} |"
+                f"| {f(row['growth'], 1)}× | {f(row.get('first10_over_off_p50_ms'), sign=True)} "
+                f"| {f(row.get('last10_over_off_p50_ms'), sign=True)} | {f(row['total_s'], 1)} |"
             )
         lines.append("")
     lines += ["## Memory (fresh loopguard processes, looping conversations at c16)", ""]
