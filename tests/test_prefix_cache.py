@@ -31,6 +31,7 @@ from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_resp
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
+from proxy.request import prefix_cache
 from proxy.request.prefix_cache import Prefix, PrefixCache, read
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests import messages_blocks, realtraj, responses_items, text_form
@@ -116,6 +117,28 @@ def messages_requests(messages: list[dict[str, Any]], most: int) -> list[bytes]:
     return [orjson.dumps(traced.body(i)) for i in _ends(messages, most)]
 
 
+#: Padding that makes a replayed body at least :data:`prefix_cache.FAST_MIN` bytes, so its
+#: requests take the fast path (:func:`proxy.request.prefix_cache.find`).
+PAD = "pad " * (prefix_cache.FAST_MIN // 4)
+
+
+def _padded(bodies: list[bytes], how: str) -> list[bytes]:
+    """``bodies`` with :data:`PAD` before their history (``head``: a ``metadata`` member first)
+    or appended to the first item's text content (``first``; a first item without a string
+    content gets the head padding)."""
+    out = []
+    for raw in bodies:
+        body = orjson.loads(raw)
+        member = "input" if "input" in body else "messages"
+        first = body[member][0] if body.get(member) else None
+        if how == "first" and isinstance(first, dict) and isinstance(first.get("content"), str):
+            body[member] = [{**first, "content": first["content"] + PAD}, *body[member][1:]]
+        elif how != "none":
+            body = {"metadata": {"pad": PAD}, **body}
+        out.append(orjson.dumps(body))
+    return out
+
+
 def _conversations() -> list[tuple[str, list[dict[str, Any]], Any]]:
     out = [(f"loops/{f['id']}", f["messages"], f.get("tools")) for f in load_fixtures()]
     out += [(f"realtraj/{r['id']}", r["messages"], r.get("tools")) for r in realtraj.load_runs()]
@@ -139,6 +162,8 @@ def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
         bodies, dialect = responses_requests(messages, most), openai_responses
     else:
         bodies, dialect = messages_requests(messages, most), anthropic_messages
+    pad = ("none", "head", "first")[CONVERSATIONS.index((name, messages, tools)) % 3]
+    bodies = _padded(bodies, pad)
     cache = replay(bodies, dialect, seed=len(name))  # type: ignore[arg-type]
     if wire in ("hermes", "xml", "xml_user"):  # the text form reads every call the chat form has
         text, chat = (
@@ -150,6 +175,8 @@ def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
         assert [c.name for c in text.calls] == [c.name for c in chat.calls]
     # each request after the first extends the one before: all of them resume the kept prefix
     assert (cache.stats.hits, cache.stats.misses) == (len(bodies) - 1, 1)
+    # padded past FAST_MIN, every one of them without decoding the kept history
+    assert cache.stats.fast_hits == (len(bodies) - 1 if pad != "none" else 0)
 
 
 def test_the_fixtures_are_there() -> None:
