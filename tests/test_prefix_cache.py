@@ -31,6 +31,7 @@ from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_resp
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
+from proxy.request import prefix_cache
 from proxy.request.prefix_cache import Prefix, PrefixCache, read
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests import messages_blocks, realtraj, responses_items, text_form
@@ -116,6 +117,28 @@ def messages_requests(messages: list[dict[str, Any]], most: int) -> list[bytes]:
     return [orjson.dumps(traced.body(i)) for i in _ends(messages, most)]
 
 
+#: Padding that makes a replayed body at least :data:`prefix_cache.FAST_MIN` bytes, so its
+#: requests take the fast path (:func:`proxy.request.prefix_cache.find`).
+PAD = "pad " * (prefix_cache.FAST_MIN // 4)
+
+
+def _padded(bodies: list[bytes], how: str) -> list[bytes]:
+    """``bodies`` with :data:`PAD` before their history (``head``: a ``metadata`` member first)
+    or appended to the first item's text content (``first``; a first item without a string
+    content gets the head padding)."""
+    out = []
+    for raw in bodies:
+        body = orjson.loads(raw)
+        member = "input" if "input" in body else "messages"
+        first = body[member][0] if body.get(member) else None
+        if how == "first" and isinstance(first, dict) and isinstance(first.get("content"), str):
+            body[member] = [{**first, "content": first["content"] + PAD}, *body[member][1:]]
+        elif how != "none":
+            body = {"metadata": {"pad": PAD}, **body}
+        out.append(orjson.dumps(body))
+    return out
+
+
 def _conversations() -> list[tuple[str, list[dict[str, Any]], Any]]:
     out = [(f"loops/{f['id']}", f["messages"], f.get("tools")) for f in load_fixtures()]
     out += [(f"realtraj/{r['id']}", r["messages"], r.get("tools")) for r in realtraj.load_runs()]
@@ -139,6 +162,8 @@ def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
         bodies, dialect = responses_requests(messages, most), openai_responses
     else:
         bodies, dialect = messages_requests(messages, most), anthropic_messages
+    pad = ("none", "head", "first")[CONVERSATIONS.index((name, messages, tools)) % 3]
+    bodies = _padded(bodies, pad)
     cache = replay(bodies, dialect, seed=len(name))  # type: ignore[arg-type]
     if wire in ("hermes", "xml", "xml_user"):  # the text form reads every call the chat form has
         text, chat = (
@@ -150,6 +175,8 @@ def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
         assert [c.name for c in text.calls] == [c.name for c in chat.calls]
     # each request after the first extends the one before: all of them resume the kept prefix
     assert (cache.stats.hits, cache.stats.misses) == (len(bodies) - 1, 1)
+    # padded past FAST_MIN, every one of them without decoding the kept history
+    assert cache.stats.fast_hits == (len(bodies) - 1 if pad != "none" else 0)
 
 
 def test_the_fixtures_are_there() -> None:
@@ -303,12 +330,14 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
     assert entry is not None
     assert entry.items == b'[ {"role":"user","content":"go"} ,{"role":"user","content":"x"}'
     assert entry.spans == ((2, 32), (34, 63))
-    assert entry.size == 63 + 2 * 256  # no call: the bytes and two items
+    # no call: the bytes twice, two items, the head and the first user message (its JSON)
+    assert entry.size == 2 * 63 + 2 * 384 + 26 + len(b'{"role":"user","content":"go"}')
     assert cache.snapshot() == {
         "hits": 0,
         "misses": 1,
+        "fast_hits": 0,
         "evictions": 0,
-        "bytes": 63 + 2 * 256,
+        "bytes": entry.size,
         "entries": 1,
         "max_bytes": 1 << 20,
     }
@@ -381,7 +410,8 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert kept["max_bytes"] == 32 * 1024 * 1024
     # the last history from its "[" through its last message ("]}" after it), 2 KB per call and
     # 256 bytes per message: the last request holds the user message and 4 steps (a call, a result)
-    assert kept["bytes"] == len(last) - last.index(b"[") - 2 + 4 * 2048 + 9 * 256
+    assert kept["fast_hits"] == 0  # small bodies: decoded whole
+    assert kept["bytes"] > 2 * (len(last) - last.index(b"[") - 2) + 4 * 2048 + 9 * 384
     assert "loopguard_prefix_cache_hits_total 4.0" in text
     assert "loopguard_prefix_cache_misses_total 1.0" in text
     assert "loopguard_prefix_cache_entries 1.0" in text

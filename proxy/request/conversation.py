@@ -26,21 +26,55 @@ def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
     return None
 
 
+def _call_id(m: Any) -> tuple[bool, Any]:
+    """(True, the id) when item ``m`` is where :func:`_first_call_id` stops, else (False, None)."""
+    if not isinstance(m, dict):
+        return False, None
+    if isinstance(m.get("tool_calls"), list):  # chat: an assistant message's calls
+        for tc in m["tool_calls"]:
+            if isinstance(tc, dict):
+                return True, tc.get("id")
+    if m.get("type") in ("function_call", "custom_tool_call"):  # Responses: a call item
+        return True, m.get("call_id")
+    if m.get("role") == "assistant" and isinstance(m.get("content"), list):  # Messages: tool_use
+        for block in m["content"]:
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                return True, block.get("id")
+    return False, None
+
+
 def _first_call_id(messages: list[Any]) -> Any:
     for m in messages:
+        found, cid = _call_id(m)
+        if found:
+            return cid
+    return None
+
+
+def fingerprint_items(items: list[Any]) -> list[Any]:
+    """The items of a history that the fingerprint reads (:func:`conversation_key`): the first
+    system/developer message, the first user message and the first item with a call id, in their
+    order (each once). The key of a body whose history is replaced by them is the same, and so is
+    ``fingerprint_items(fingerprint_items(a) + b)`` to ``fingerprint_items(a + b)``: the prefix
+    cache keeps them instead of the old items (:mod:`proxy.request.prefix_cache`)."""
+    system = user = call = False
+    out: list[Any] = []
+    for m in items:
         if not isinstance(m, dict):
             continue
-        if isinstance(m.get("tool_calls"), list):  # chat: an assistant message's calls
-            for tc in m["tool_calls"]:
-                if isinstance(tc, dict):
-                    return tc.get("id")
-        if m.get("type") in ("function_call", "custom_tool_call"):  # Responses: a call item
-            return m.get("call_id")
-        if m.get("role") == "assistant" and isinstance(m.get("content"), list):  # Messages: tool_use
-            for block in m["content"]:
-                if isinstance(block, dict) and block.get("type") == "tool_use":
-                    return block.get("id")
-    return None
+        role = m.get("role")
+        hit = False
+        if not system and role in ("system", "developer"):
+            system = hit = True
+        if not user and role == "user":
+            user = hit = True
+        if not call and _call_id(m)[0]:
+            call = hit = True
+        if hit:
+            out.append(m)
+            if system and user and call:
+                break
+    return out
 
 
 def _system_text(system: Any) -> str | None:

@@ -26,10 +26,23 @@ the whole transcript. A body whose history member is given twice, or is not a li
 read in full and never kept.
 
 Bounded memory: entries are dropped least recently used first once their bytes pass
-``max_bytes``. An entry counts its history's JSON bytes plus :data:`CALL_BYTES` per tool call and
-:data:`ITEM_BYTES` per item for the parse state (an estimate; measured with ``tracemalloc`` on the
-bench's histories, within 15% of what an entry holds). Not thread-safe: the server calls it
-from its event loop.
+``max_bytes``. An entry counts :data:`HISTORY_FACTOR` times its history's JSON bytes (the bytes
+and the decoded texts of its parse state), :data:`CALL_BYTES` per tool call and
+:data:`ITEM_BYTES` per item (the parse state, the spans), its head and fingerprint items, and
+once the guards' checkpoint is attached (:meth:`PrefixCache.keep_checkpoint`)
+:data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept action. Measured with
+``tracemalloc`` on ``bench/workloads.memory_body`` (1,000 conversations x 10 requests, 32 MiB):
+what the cache holds is 49.5 MB traced for 33.5 MB counted with the old count (1.48x; the
+checkpoints 5.2 KB each, uncounted), 32.5 MB for 33.5 MB counted with this one; the process's
+RSS growth over the run went from +67.7 MB to +52.1 MB (+18.4 MB with the cache off). Not
+thread-safe: the server calls it from its event loop.
+
+Fast path (:func:`find`, :func:`resume`): a body of :data:`FAST_MIN` bytes or more is looked up
+before it is decoded, by the digest of its first :data:`HEAD_BYTES` bytes, and only the kept
+head, a sentinel for the kept items and the bytes after them are decoded; the conversation key
+is computed over the kept fingerprint items and the new ones
+(:func:`proxy.request.conversation.fingerprint_items`), and the kept items an action edits are
+decoded from their spans (:func:`full_body`).
 """
 
 from __future__ import annotations
@@ -39,19 +52,42 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.dialects import Dialect, jsonbody, text_calls
+from proxy.request.conversation import fingerprint_items
 from proxy.transcript import Transcript
 
 Span = tuple[int, int]
 #: Bytes an entry counts per tool call of its history (the parse state's call record, its decoded
 #: arguments, its result) and per item (its span, its said record), beyond the history's bytes.
 CALL_BYTES = 2048
-ITEM_BYTES = 256
+ITEM_BYTES = 384
+#: Times an entry counts its history's bytes: the bytes, and the decoded texts its parse state
+#: holds (results, what was said, call arguments).
+HISTORY_FACTOR = 2
+#: Bodies of at least this many bytes are looked up without decoding them first (:func:`find`);
+#: smaller ones are decoded whole (a decode costs less than the look-up there).
+FAST_MIN = 64 * 1024
+#: The bytes of a body's start whose digest indexes the entries for :func:`find`.
+HEAD_BYTES = 4096
+
+
+#: Bytes a kept guards' checkpoint counts per tool call before its cut and per action it holds.
+CHECKPOINT_CALL_BYTES = 384
+ACTION_BYTES = 256
 
 
 def entry_size(history_bytes: int, calls: int, items: int) -> int:
     """What an entry counts against the budget (bytes): see the module docstring."""
-    return history_bytes + CALL_BYTES * calls + ITEM_BYTES * items
+    return HISTORY_FACTOR * history_bytes + CALL_BYTES * calls + ITEM_BYTES * items
+
+
+def checkpoint_size(checkpoint: Any, calls: int) -> int:
+    """What the guards' ``checkpoint`` (:class:`proxy.guards.resume.Checkpoint`) of a history
+    with ``calls`` tool calls counts against the budget (bytes): see the module docstring."""
+    actions = sum(len(a) for a in getattr(checkpoint, "actions", ()))
+    return CHECKPOINT_CALL_BYTES * calls + ACTION_BYTES * actions
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +106,26 @@ class Prefix:
     #: the guards' checkpoint of this history (:class:`proxy.guards.resume.Checkpoint`), once
     #: they have run over it (:meth:`PrefixCache.keep_checkpoint`)
     checkpoint: Any = None
+    #: the body's bytes before the history's ``[`` (for :func:`find`)
+    head: bytes = b""
+    #: the history items the conversation key's fingerprint reads, decoded
+    #: (:func:`proxy.request.conversation.fingerprint_items`)
+    key_items: tuple[Any, ...] = ()
+    #: the digest of the body's first :data:`HEAD_BYTES` bytes, when they are all in ``head`` and
+    #: ``items`` (None: not indexed for :func:`find`)
+    digest: int | None = None
 
 
 @dataclass(slots=True)
 class Stats:
     """Counters for ``/loop-guard/stats`` and ``/metrics``: ``hits`` (requests that resumed a
     kept prefix), ``misses`` (requests read in full with the cache on), ``evictions`` (entries
-    dropped for the budget), ``bytes`` and ``entries`` (kept now)."""
+    dropped for the budget), ``bytes`` and ``entries`` (kept now), ``fast_hits``."""
 
     hits: int = 0
     misses: int = 0
+    #: hits found by :func:`find` (the body never decoded whole); also counted in ``hits``
+    fast_hits: int = 0
     evictions: int = 0
     bytes: int = 0
     entries: int = 0
@@ -88,7 +134,9 @@ class Stats:
 class PrefixCache:
     """Kept prefixes by (dialect path suffix, conversation key), least recently used dropped first
     once their sizes pass ``max_bytes`` (bytes; > 0). An entry larger than the budget alone is not
-    kept."""
+    kept. Entries are also indexed by (dialect, digest of the body's first :data:`HEAD_BYTES`
+    bytes), for :func:`find`; one digest may index several conversations (sessions of one agent
+    share a system prompt)."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes <= 0:
@@ -96,6 +144,8 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.stats = Stats()
         self._entries: OrderedDict[tuple[str, str], Prefix] = OrderedDict()
+        #: (dialect, digest) -> the keys of the entries with that digest, most recently kept last
+        self._heads: dict[tuple[str, int], dict[str, None]] = {}
 
     def get(self, dialect: str, key: str) -> Prefix | None:
         """The kept prefix of a conversation (now the most recently used), or None."""
@@ -104,30 +154,54 @@ class PrefixCache:
             self._entries.move_to_end((dialect, key))
         return entry
 
+    def candidates(self, dialect: str, raw: bytes) -> list[Prefix]:
+        """The entries indexed by the digest of ``raw``'s first :data:`HEAD_BYTES` bytes, most
+        recently kept first (not yet checked against ``raw``)."""
+        bucket = self._heads.get((dialect, hash(raw[:HEAD_BYTES])))
+        if not bucket:
+            return []
+        return [self._entries[(dialect, key)] for key in reversed(bucket)]
+
+    def _unindex(self, dialect: str, key: str, entry: Prefix) -> None:
+        if entry.digest is None:
+            return
+        bucket = self._heads.get((dialect, entry.digest))
+        if bucket is not None:
+            bucket.pop(key, None)
+            if not bucket:
+                del self._heads[(dialect, entry.digest)]
+
     def put(self, dialect: str, key: str, entry: Prefix) -> None:
         """Keep ``entry`` for a conversation (replacing what it had), then drop the least recently
         used entries until the budget holds."""
         old = self._entries.pop((dialect, key), None)
         if old is not None:
             self.stats.bytes -= old.size
+            self._unindex(dialect, key, old)
         if entry.size <= self.max_bytes:
             self._entries[(dialect, key)] = entry
             self.stats.bytes += entry.size
+            if entry.digest is not None:
+                self._heads.setdefault((dialect, entry.digest), {})[key] = None
         while self.stats.bytes > self.max_bytes:
-            _, dropped = self._entries.popitem(last=False)
+            (d, k), dropped = self._entries.popitem(last=False)
+            self._unindex(d, k, dropped)
             self.stats.bytes -= dropped.size
             self.stats.evictions += 1
         self.stats.entries = len(self._entries)
 
     def keep_checkpoint(self, dialect: str, key: str, entry: Prefix, checkpoint: Any) -> None:
         """Attach the guards' ``checkpoint`` to ``entry`` when it is still the conversation's kept
-        prefix (another request may have replaced it since)."""
+        prefix (another request may have replaced it since); it then counts
+        :func:`checkpoint_size` more (and may push out older entries)."""
         if checkpoint is not None and self._entries.get((dialect, key)) is entry:
-            self._entries[(dialect, key)] = dataclasses.replace(entry, checkpoint=checkpoint)
+            grown = entry.size + checkpoint_size(checkpoint, len(entry.fold.calls))
+            self.put(dialect, key, dataclasses.replace(entry, checkpoint=checkpoint, size=grown))
 
     def clear(self) -> None:
         """Drop every entry (as a restart does; the counters stay)."""
         self._entries.clear()
+        self._heads.clear()
         self.stats.bytes = 0
         self.stats.entries = 0
 
@@ -137,6 +211,7 @@ class PrefixCache:
         return {
             "hits": s.hits,
             "misses": s.misses,
+            "fast_hits": s.fast_hits,
             "evictions": s.evictions,
             "bytes": s.bytes,
             "entries": s.entries,
@@ -167,6 +242,26 @@ class Read:
     entry: Prefix | None = None
 
 
+def _keep(
+    raw: bytes,
+    start: int,
+    spans: list[Span],
+    fold: Any,
+    offered: bytes,
+    key_items: list[Any],
+) -> Prefix | None:
+    """The entry of a history read (its items at ``spans``, ``start``: its ``[``), None when it
+    has no item."""
+    if not spans:
+        return None
+    last = spans[-1][1]
+    extra = start + sum(len(jsonbody.dumps(item, default=str)) for item in key_items)  # head, key items
+    size = entry_size(last - start, len(fold.calls), len(spans)) + extra
+    digest = hash(raw[:HEAD_BYTES]) if last >= HEAD_BYTES else None
+    rel = tuple((s - start, e - start) for s, e in spans)
+    return Prefix(raw[start:last], rel, fold, size, offered, None, raw[:start], tuple(key_items), digest)
+
+
 def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None) -> Read:
     """The transcript of a decoded request body (``raw`` decoded: ``body``), as
     ``dialect.parse_request(body)`` gives it, and the byte spans of its history's items (what
@@ -194,6 +289,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     fold: Any = None
     checkpoint: Any = None
     spans: list[Span] | None = None
+    key_items: list[Any] = []
     if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
         n = len(kept.spans)
         tail, end = jsonbody.items_after(raw, start + len(kept.items), listed[n:])
@@ -203,12 +299,14 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
             checkpoint = kept.checkpoint
             for pos in range(n, len(listed)):
                 fold.feed(pos, listed[pos])
+            key_items = _key_items(listed, kept.key_items, n)
     if fold is None:
         spans = jsonbody.items(raw, start, listed)
         end = jsonbody.items_after(raw, spans[-1][1])[1] if spans else jsonbody.items_after(raw, start + 1)[1]
         fold = dialect.Fold(tools)
         for pos, item in enumerate(listed):
             fold.feed(pos, item)
+        key_items = _key_items(listed, (), 0)
         cache.stats.misses += 1
     else:
         cache.stats.hits += 1
@@ -216,10 +314,110 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     if len(spans) != len(listed) or member in jsonbody.keys_after(raw, end, body):
         return Read(dialect.parse_request(body))  # the member given twice: decoders read the last
     transcript = fold.finish(len(listed), body.get("tool_choice"))
-    entry = None
-    if spans:
-        last = spans[-1][1]
-        size = entry_size(last - start, len(fold.calls), len(spans))
-        entry = Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size, offered)
+    entry = _keep(raw, start, spans, fold, offered, key_items)
+    if entry is not None:
         cache.put(dialect.PATH_SUFFIX, key, entry)
     return Read(transcript, spans, checkpoint, entry)
+
+
+def _key_items(listed: list[Any], kept: tuple[Any, ...], n: int) -> list[Any]:
+    """The fingerprint's items of ``listed`` whose first ``n`` items had ``kept`` as theirs, as
+    positions' items in order (the first :func:`fingerprint_items` places, at most 3)."""
+    return fingerprint_items([*kept, *listed[n:]])
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A kept prefix :func:`find` verified against a body. ``body``: the body decoded with its
+    history member holding only the ``new`` items (the ones after the kept prefix); ``tail``:
+    their byte spans; ``tools``: the request's offered tools (its ``tools_key`` is the entry's)."""
+
+    entry: Prefix
+    body: dict[str, Any]
+    new: list[Any]
+    tail: list[Span]
+    tools: Any
+
+    @property
+    def start(self) -> int:
+        """Offset of the history's ``[`` in the body."""
+        return len(self.entry.head)
+
+    def key_body(self, member: str) -> dict[str, Any]:
+        """A body whose conversation key is the whole body's
+        (:func:`proxy.request.conversation.fingerprint_items`)."""
+        return {**self.body, member: [*self.entry.key_items, *self.new]}
+
+
+def find(raw: bytes, dialect: Dialect, cache: PrefixCache) -> Found | None:
+    """The kept prefix ``raw`` resumes, found without decoding ``raw`` whole (issue 15), or None:
+    ``raw`` shorter than :data:`FAST_MIN`, no entry whose head and history bytes start ``raw``
+    (entries sharing the digest of ``raw``'s first :data:`HEAD_BYTES` bytes tried most recently
+    kept first, of any conversation key: the decisions are a function of the bytes), or a body
+    that must be read in full (the rest not JSON orjson reads, the history member not a list or
+    given again after it, other offered tools). Only the kept bytes before the history (the
+    entry's ``head``), a sentinel ``0`` for the kept items and what follows them are decoded:
+    O(head + new bytes). Nothing is counted or kept until :func:`resume`."""
+    member: str | None = getattr(dialect, "ITEMS", None)
+    if len(raw) < FAST_MIN or member is None or not hasattr(dialect, "Fold"):
+        return None
+    for entry in cache.candidates(dialect.PATH_SUFFIX, raw):
+        start = len(entry.head)
+        if not (raw.startswith(entry.head) and raw.startswith(entry.items, start)):
+            continue
+        cut = start + len(entry.items)
+        try:
+            doc = orjson.loads(b"".join((entry.head, b"[0", raw[cut:])))
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        listed = doc.get(member)
+        if not (isinstance(listed, list) and listed and type(listed[0]) is int and listed[0] == 0):
+            return None
+        new = listed[1:]
+        try:
+            tail, end = jsonbody.items_after(raw, cut, new)
+        except ValueError:
+            return None
+        if len(tail) != len(new) or member in jsonbody.keys_after(raw, end, doc):
+            return None
+        tools = text_calls.offered_tools(doc)
+        if tools_key(tools) != entry.tools:
+            return None
+        doc[member] = new
+        return Found(entry, doc, new, tail, tools)
+    return None
+
+
+def resume(found: Found, raw: bytes, dialect: Dialect, key: str, cache: PrefixCache) -> Read:
+    """:func:`read` of ``raw`` from what :func:`find` found: the kept parse state fed the new
+    items, the new entry kept under ``key`` (this request's key, whichever key the resumed entry
+    was kept under). Raises :class:`proxy.errors.DialectError` as :func:`read` does."""
+    kept, start = found.entry, found.start
+    n = len(kept.spans)
+    spans = [(start + s, start + e) for s, e in kept.spans] + found.tail
+    fold = kept.fold.copy()
+    for pos, item in enumerate(found.new, n):
+        fold.feed(pos, item)
+    transcript = fold.finish(n + len(found.new), found.body.get("tool_choice"))
+    cache.stats.hits += 1
+    cache.stats.fast_hits += 1
+    entry = _keep(raw, start, spans, fold, kept.tools, fingerprint_items([*kept.key_items, *found.new]))
+    if entry is not None:
+        cache.put(dialect.PATH_SUFFIX, key, entry)
+    return Read(transcript, spans, kept.checkpoint, entry)
+
+
+def full_body(found: Found, raw: bytes, member: str, positions: Any) -> dict[str, Any]:
+    """``found.body`` with its history member as long as the whole body's: the new items, and
+    of the kept ones those at ``positions`` decoded from their bytes (the items a dialect's
+    ``apply`` reads: those its actions edit); the other kept items are None."""
+    kept, start = found.entry, found.start
+    n = len(kept.spans)
+    items: list[Any] = [None] * n + found.new
+    for p in positions:
+        if 0 <= p < n:
+            s, e = kept.spans[p]
+            items[p] = jsonbody.decode(raw[start + s : start + e])
+    return {**found.body, member: items}

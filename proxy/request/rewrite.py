@@ -14,8 +14,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, applied, mark_observed
-from proxy.dialects import Dialect, jsonbody, openai_chat, openai_responses
+from proxy.actions import Action, Remind, Withhold, applied, mark_observed
+from proxy.dialects import Dialect, anthropic_messages, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard
 from proxy.guards.resume import Checkpoint, evaluate_from
@@ -93,10 +93,14 @@ def decide_request(
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
-    try:
-        body: Any = jsonbody.decode(raw)
-    except jsonbody.Unreadable as exc:
-        return RequestDecision(raw, (), False, unguarded=exc.reason)
+    fast = _find(raw, dialect, prefixes, previous)
+    if fast is not None:
+        body: Any = fast.body
+    else:
+        try:
+            body = jsonbody.decode(raw)
+        except jsonbody.Unreadable as exc:
+            return RequestDecision(raw, (), False, unguarded=exc.reason)
     if not isinstance(body, dict):
         return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
     model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -115,10 +119,14 @@ def decide_request(
             stream,
             prefixes,
             observed,
+            fast,
         )
-    key = conversation_key(headers, body, header_names)
+    key = conversation_key(headers, fast.key_body(dialect.ITEMS) if fast else body, header_names)
     try:
-        found = prefix_cache.read(raw, body, dialect, key, prefixes)
+        if fast is not None and prefixes is not None:
+            found = prefix_cache.resume(fast, raw, dialect, key, prefixes)
+        else:
+            found = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     transcript, spans = found.transcript, found.spans
@@ -134,6 +142,8 @@ def decide_request(
     enforced = applied(actions)
     out = None
     if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
+        if fast is not None:
+            body = _body_for(fast, raw, dialect, enforced)
         out = (
             dialect.apply(raw, enforced, body, spans)
             if spans is not None
@@ -142,6 +152,36 @@ def decide_request(
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript, checkpoint=checkpoint)
     return RequestDecision(out, actions, True, key, model, stream, transcript, checkpoint=checkpoint)
+
+
+def _find(
+    raw: bytes,
+    dialect: Dialect,
+    prefixes: PrefixCache | None,
+    previous: Callable[[str], Entry | None] | None,
+) -> prefix_cache.Found | None:
+    """The kept prefix ``raw`` resumes without being decoded whole (:func:`prefix_cache.find`),
+    or None: read it in full. A Responses request with a response store, or chained by
+    ``previous_response_id``, is always read in full (its chain holds every input item)."""
+    if prefixes is None:
+        return None
+    fast = prefix_cache.find(raw, dialect, prefixes)
+    chained = fast is not None and openai_responses.previous_id(fast.body) is not None
+    if fast is not None and dialect is openai_responses and (previous is not None or chained):
+        return None
+    return fast
+
+
+def _body_for(fast: prefix_cache.Found, raw: bytes, dialect: Dialect, enforced: Sequence[Action]) -> Any:
+    """The body the dialect's ``apply`` reads for ``enforced``, from what the fast path decoded:
+    the kept items the actions edit decoded from their bytes (:func:`prefix_cache.full_body`);
+    Messages reads every message's blocks for its positions (:func:`anthropic_messages.slots`),
+    so its body is decoded whole."""
+    if dialect is anthropic_messages:
+        return jsonbody.decode(raw)
+    positions = {a.position for a in enforced if isinstance(a, Withhold)}
+    positions |= {a.after for a in enforced if isinstance(a, Remind)}
+    return prefix_cache.full_body(fast, raw, dialect.ITEMS, positions)
 
 
 def _decide_responses(
@@ -157,6 +197,7 @@ def _decide_responses(
     stream: bool | None,
     prefixes: PrefixCache | None,
     observed: AbstractSet[str] = frozenset(),
+    fast: prefix_cache.Found | None = None,
 ) -> RequestDecision:
     """:func:`decide_request` for ``POST /v1/responses``, with ``previous_response_id`` chains
     (a chained request is read in full: its kept chain is not in its bytes)."""
@@ -169,14 +210,16 @@ def _decide_responses(
     try:
         new = openai_responses.input_items(body)
         full = body if entry is None else {**body, "input": [*entry.items(), *new]}
-        key = conversation_key(headers, full, header_names)
-        if entry is None:
+        key = conversation_key(headers, fast.key_body("input") if fast else full, header_names)
+        if fast is not None and prefixes is not None:
+            found = prefix_cache.resume(fast, raw, openai_responses, key, prefixes)  # type: ignore[arg-type]
+        elif entry is None:
             found = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
         else:
             found = prefix_cache.Read(openai_responses.parse_request(full))
         transcript, spans = found.transcript, found.spans
     except DialectError:
-        key = conversation_key(headers, body, header_names)
+        key = conversation_key(headers, fast.key_body("input") if fast else body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     chain = None
     if previous is not None:
@@ -189,6 +232,8 @@ def _decide_responses(
         prefixes.keep_checkpoint(openai_responses.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     if entry is None:
+        if enforced and fast is not None:
+            body = _body_for(fast, raw, openai_responses, enforced)  # type: ignore[arg-type]
         out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
     else:
         out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
