@@ -15,7 +15,7 @@ from proxy.ops.config import Config, CyclesConfig, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
 from tests.agent_steps import History
-from tests.rule_helpers import summary, transcript
+from tests.rule_helpers import call_at, summary, transcript
 
 GREP_A = ("bash", {"command": 'grep -rn "class X" .'}, "x.py:1:class X")
 GREP_B = ("bash", {"command": 'grep -rn "class X" --include=*.py .'}, "x.py:1:class X")
@@ -194,3 +194,23 @@ def test_response_side_stops_a_cycle_that_ignores_its_denials(
     assert (stop is not None) == stops
     if stop is not None:
         assert (stop.rule, stop.reason, stop.tool) == ("stop", "denials", "bash")
+
+
+def test_a_long_cycle_resumed_at_every_message_decides_the_same_with_a_small_state() -> None:
+    """600 calls of A B: the reminder on call 6, then every call from 8 on withheld; advancing
+    one message at a time from a copy of the state gives the same actions, and the verdict memo
+    is pruned (a copy stays small however long the turn)."""
+    g = guard()
+    t = transcript(History().steps([GREP_A, GREP_B] * 300))
+    whole = g(t, None)
+    assert [(a.kind, call_at(t, a)) for a in whole] == [("remind", 6)] + [
+        ("withhold", k) for k in range(8, 601)
+    ]
+    state = g.begin()
+    pieces: list[Any] = []
+    for upto in range(1, t.message_count + 1):
+        state = state.copy()
+        pieces.extend(g.advance(state, t, None, upto))
+        assert len(state.memo) <= 16 * 5 * 5 + 5
+    assert pieces == whole
+    assert min(k for k, _ in state.memo) > 100  # the early calls' verdicts were dropped

@@ -31,9 +31,10 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EpochCounter, Situations
+from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import CyclesConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, path_key, subcommand
@@ -96,45 +97,64 @@ class Cycles:
             return call.name, f"{sub} {where}" if sub else where
         return call.name, "\0" + canonical_arguments(call.arguments, call.arguments_raw)
 
-    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
-        actions: list[Action] = []
-        group = self._situations.episodes(transcript) if self._cfg.progress_aware else None
-        for calls in turns(transcript.calls, group):
-            actions.extend(self._turn(transcript, calls))
-        return actions
+    def begin(self) -> CyclesState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        episodes = self._situations.episode_counter() if self._cfg.progress_aware else None
+        return CyclesState(self._situations.epoch_counter(), episodes, self._cfg.max_period)
 
-    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall]) -> list[Action]:
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: CyclesState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders and withholds decided for them."""
         cfg = self._cfg
         periods = range(cfg.min_period, cfg.max_period + 1)
-        ids = [self.identity(c) for c in calls]
-        run = dict.fromkeys(periods, 0)  # identities in a row equal to the one p calls earlier
-        epochs = self._situations.epochs(transcript.calls)
+        calls = transcript.calls
         masks = self._situations.masks
-        memo: dict[tuple[int, int], tuple[bool, bool]] = {}
+        s = state
+        epochs = s.epochs
 
         def same(k: int, p: int) -> tuple[bool, bool]:
-            """(call k's result repeats the one p calls before, and nothing in between changed the
-            situation); a result not known yet is judged by the previous pair."""
+            """(the open turn's call k's result repeats the one p calls before, and nothing in
+            between changed the situation); a result not known yet is judged by the previous
+            pair."""
             if k < p:
                 return False, False
+            memo = s.memo
             if (k, p) not in memo:
-                if known(calls[k].result):
-                    result = same_result(calls[k].result, calls[k - p].result, masks)
+                call, before = calls[s.start + k], calls[s.start + k - p]
+                if known(call.result):
+                    result = same_result(call.result, before.result, masks)
                 else:
                     result = same(k - p, p)[0]
-                memo[(k, p)] = (result, result and epochs.unchanged(calls[k - p].seq, calls[k].seq))
+                memo[(k, p)] = (result, result and epochs.unchanged(before.seq, call.seq))
             return memo[(k, p)]
 
         actions: list[Action] = []
-        for i, call in enumerate(calls):
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            epochs.add(call)
+            group = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
+            if group != s.group:
+                s.new_turn(group, call.seq, periods)
+            i = s.index
+            s.index += 1
+            ids = s.recent
+            ids.append(self.identity(call))
+            if len(ids) > cfg.max_period + 1:
+                del ids[0]
+            # ids[-1 - d] is the identity of the turn's call i - d (d <= max_period)
+            run = s.run
             for p in periods:
-                run[p] = run[p] + 1 if i >= p and ids[i] == ids[i - p] else 0
-            found = next(
-                (p for p in periods if run[p] >= p and _block_period_is(ids[i - p + 1 : i + 1], p)), None
-            )
+                run[p] = run[p] + 1 if i >= p and ids[-1] == ids[-1 - p] else 0
+            s.prune(i)
+            found = next((p for p in periods if run[p] >= p and _block_period_is(ids[-p:], p)), None)
             if found is None:
                 continue
             p = found
+            block = ids[-p:]
             count = run[p] // p + 1  # repetitions, counting the first
             complete = run[p] % p == 0
             last_round = [same(k, p) for k in range(i - p + 1, i + 1)]
@@ -143,7 +163,7 @@ class Cycles:
             if complete and count == cfg.repetitions and repeated:
                 steps = "\n".join(
                     f"  {k}. {name} {preview(target.lstrip(chr(0)), STEP_PREVIEW_CHARS)}"
-                    for k, (name, target) in enumerate(ids[i - p + 1 : i + 1], 1)
+                    for k, (name, target) in enumerate(block, 1)
                 )
                 text = REMIND_TEXT.format(period=p, count=count, steps=steps)
                 remind = remind_after_step(
@@ -156,7 +176,7 @@ class Cycles:
             stale = all(unchanged for _, unchanged in last_round)
             if not withhold or (cfg.progress_aware and not stale) or call.result is None:
                 continue
-            cycle = " → ".join(name for name, _ in ids[i - p + 1 : i + 1])
+            cycle = " → ".join(name for name, _ in block)
             actions.append(
                 Withhold(
                     position=call.result.position,
@@ -172,3 +192,64 @@ class Cycles:
                 )
             )
         return actions
+
+
+class CyclesState:
+    """What :class:`Cycles` has read: the next call (``next``, a ``seq``), the situation counter of
+    every call read (``epochs``), progress-aware the episode counter, and the open turn (``group``:
+    its turn or episode number; ``start``: the ``seq`` of its first call; ``index``: its calls
+    read; ``recent``: the identities of its last ``max_period + 1`` calls; ``run``: per period,
+    identities in a row equal to the one a period before; ``memo``: per (turn index, period),
+    the verdicts of :meth:`Cycles.advance`'s ``same``, only those of recent calls kept). Mutable;
+    :meth:`copy` is independent."""
+
+    __slots__ = (
+        "episodes",
+        "epochs",
+        "group",
+        "index",
+        "max_period",
+        "memo",
+        "next",
+        "recent",
+        "run",
+        "start",
+    )
+
+    def __init__(self, epochs: EpochCounter, episodes: EpisodeCounter | None, max_period: int) -> None:
+        self.epochs = epochs
+        self.episodes = episodes
+        self.max_period = max_period
+        self.next = 0
+        self.group = -1
+        self.start = 0
+        self.index = 0
+        self.recent: list[tuple[str, str]] = []
+        self.run: dict[int, int] = {}
+        self.memo: dict[tuple[int, int], tuple[bool, bool]] = {}
+
+    def new_turn(self, group: int, start: int, periods: range) -> None:
+        """Open the turn ``group`` whose first call is ``start`` (a ``seq``)."""
+        self.group, self.start, self.index = group, start, 0
+        self.recent = []
+        self.run = dict.fromkeys(periods, 0)
+        self.memo = {}
+
+    def prune(self, i: int) -> None:
+        """Drop the verdicts of calls more than two periods before the turn's call ``i`` once the
+        memo has grown (only a verdict's value matters, and a dropped one is recomputed the same:
+        the memo stays small, and so does a copy)."""
+        if len(self.memo) > 16 * self.max_period * self.max_period:
+            oldest = i - 2 * self.max_period
+            self.memo = {kp: v for kp, v in self.memo.items() if kp[0] >= oldest}
+
+    def copy(self) -> CyclesState:
+        """An independent copy (small containers copied, the transcript never held)."""
+        out = CyclesState(
+            self.epochs.copy(), self.episodes.copy() if self.episodes is not None else None, self.max_period
+        )
+        out.next, out.group, out.start, out.index = self.next, self.group, self.start, self.index
+        out.recent = list(self.recent)
+        out.run = dict(self.run)
+        out.memo = dict(self.memo)
+        return out

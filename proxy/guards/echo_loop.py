@@ -18,14 +18,14 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.effects import Situations
+from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import EchoLoopConfig
 from proxy.progress import mask
 from proxy.transcript import ToolCall, Transcript
@@ -103,39 +103,81 @@ class EchoLoop:
             text = text.replace(lit, "")
         return mask(text, self._masks)
 
-    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
-        actions: list[Action] = []
-        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
-            actions.extend(self._turn(transcript, calls))
-        return actions
+    def begin(self) -> EchoState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        return EchoState(self._situations.episode_counter())
 
-    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall]) -> list[Action]:
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: EchoState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders decided for them."""
         cfg = self._cfg
         actions: list[Action] = []
-        prev: tuple[ToolCall, str, str, frozenset[str]] | None = None
-        residues: dict[int, str | None] = {}  # only for candidate pairs: masking is the costly part
-
-        def rest(call: ToolCall, lits: frozenset[str]) -> str | None:
-            if call.seq not in residues:
-                residues[call.seq] = self.residue(call, lits)
-            return residues[call.seq]
-
-        chain = 0
-        for call in calls:
+        calls = transcript.calls
+        s = state
+        # the previous call's shape and residue (masking is the costly part: at most once per call)
+        prev = self.shape(calls[s.prev]) if s.prev is not None else None
+        prev_rest: str | _Unset | None = UNSET
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            episode = s.episodes.of(transcript, call.position)
+            if episode != s.episode:  # a new episode: no previous call, the chain starts over
+                s.episode, s.prev, prev = episode, None, None
             exact, template, lits = self.shape(call)
             echoes = False
-            if prev is not None and (prev[0].name, prev[2]) == (call.name, template) and prev[1] != exact:
-                new = lits - prev[3]
-                text = call.result.text if known(call.result) and call.result is not None else ""
-                if new and any(lit in text for lit in new):
-                    mine = rest(call, lits)
-                    echoes = mine is not None and mine == rest(prev[0], prev[3])
-            chain = chain + 1 if echoes else 1
-            prev = (call, exact, template, lits)
-            if chain != cfg.repeats:
+            rest: str | _Unset | None = UNSET
+            if s.prev is not None and prev is not None:
+                before = calls[s.prev]
+                if (before.name, prev[1]) == (call.name, template) and prev[0] != exact:
+                    new = lits - prev[2]
+                    text = call.result.text if known(call.result) and call.result is not None else ""
+                    if new and any(lit in text for lit in new):
+                        rest = self.residue(call, lits)
+                        if rest is not None:
+                            if isinstance(prev_rest, _Unset):
+                                prev_rest = self.residue(before, prev[2])
+                            echoes = rest == prev_rest
+            s.chain = s.chain + 1 if echoes else 1
+            s.prev, prev, prev_rest = call.seq, (exact, template, lits), rest
+            if s.chain != cfg.repeats:
                 continue
+            chain = s.chain
             msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
             action = remind_after_step(transcript, call, msg, RULE, chain, cfg.repeats, self._delivery)
             if action is not None:
                 actions.append(action)
         return actions
+
+
+class _Unset:
+    """The type of :data:`UNSET`: a residue not computed yet."""
+
+    __slots__ = ()
+
+
+UNSET = _Unset()
+
+
+class EchoState:
+    """What :class:`EchoLoop` has read: the next call (``next``, a ``seq``), the episode counter,
+    the open episode (``episode``), its previous call (``prev``: its ``seq``, None before its
+    first; its shape and residue are computed again when needed, the same) and the echo chain
+    (``chain``). Mutable; :meth:`copy` is independent."""
+
+    __slots__ = ("chain", "episode", "episodes", "next", "prev")
+
+    def __init__(self, episodes: EpisodeCounter) -> None:
+        self.episodes = episodes
+        self.next = 0
+        self.episode = -1
+        self.prev: int | None = None
+        self.chain = 0
+
+    def copy(self) -> EchoState:
+        """An independent copy."""
+        out = EchoState(self.episodes.copy())
+        out.next, out.episode, out.prev, out.chain = self.next, self.episode, self.prev, self.chain
+        return out

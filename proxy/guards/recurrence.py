@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EpochCounter, Situations
+from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import remind_after_step, turns
+from proxy.guards.turns import remind_after_step
 from proxy.ops.config import RecurrenceConfig
 from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
@@ -61,36 +62,83 @@ class Recurrence:
         self._ignore = frozenset(cfg.ignore_args)
         self._situations = situations or Situations()
 
+    def begin(self) -> RecurrenceState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        aware = self._cfg.progress_aware
+        epochs = self._situations.epoch_counter() if aware else None
+        episodes = self._situations.episode_counter() if aware else None
+        return RecurrenceState(epochs, episodes)
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: RecurrenceState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders decided for them."""
         cfg = self._cfg
         actions: list[Action] = []
-        epochs = self._situations.epochs(transcript.calls) if cfg.progress_aware else None
-        group = self._situations.episodes(transcript) if cfg.progress_aware else None
-        for calls in turns(transcript.calls, group):
-            judge = RepeatJudge(self._situations.masks, epochs) if cfg.progress_aware else None
-            hits: dict[tuple[str, str], list[int]] = {}
-            for i, call in enumerate(calls):
-                key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-                seen = hits.get(key)
-                repeat = judge.repeats(key, call.result, call.seq) if judge is not None else seen is not None
-                if seen is None or not repeat:
-                    hits[key] = [i]
-                    continue
-                seen.append(i)
-                while seen[0] <= i - cfg.window:
-                    seen.pop(0)
-                count = len(seen)
-                if count != cfg.occurrences or (self._leave_runs and seen[-1] - seen[0] == count - 1):
-                    continue
-                text = TEXT.format(
-                    tool=call.name,
-                    count=count,
-                    span=i - seen[0] + 1,
-                    arguments=preview(key[1], PREVIEW_CHARS),
-                )
-                action = remind_after_step(
-                    transcript, call, text, RULE, count, cfg.occurrences, self._delivery
-                )
-                if action is not None:
-                    actions.append(action)
+        calls = transcript.calls
+        s = state
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            if s.epochs is not None:
+                s.epochs.add(call)
+            # the turn (progress-aware: the episode, a continuation does not split it)
+            group = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
+            if group != s.group:
+                s.group, s.index, s.hits = group, 0, {}
+                s.judge = RepeatJudge(self._situations.masks, s.epochs) if s.epochs is not None else None
+            i = s.index
+            s.index += 1
+            hits = s.hits
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+            seen = hits.get(key)
+            repeat = s.judge.repeats(key, call.result, call.seq) if s.judge is not None else seen is not None
+            if seen is None or not repeat:
+                hits[key] = [i]
+                continue
+            seen.append(i)
+            while seen[0] <= i - cfg.window:
+                seen.pop(0)
+            count = len(seen)
+            if count != cfg.occurrences or (self._leave_runs and seen[-1] - seen[0] == count - 1):
+                continue
+            text = TEXT.format(
+                tool=call.name,
+                count=count,
+                span=i - seen[0] + 1,
+                arguments=preview(key[1], PREVIEW_CHARS),
+            )
+            action = remind_after_step(transcript, call, text, RULE, count, cfg.occurrences, self._delivery)
+            if action is not None:
+                actions.append(action)
         return actions
+
+
+class RecurrenceState:
+    """What :class:`Recurrence` has read: the next call (``next``, a ``seq``), the open turn
+    (``group``: its turn or, progress-aware, episode number; ``index``: calls of it read;
+    ``hits``: per key, the turn indexes of its counted calls still in the window; ``judge``: its
+    :class:`~proxy.progress.RepeatJudge`) and, progress-aware, the situation counter of every call
+    read and the episode counter. Mutable; :meth:`copy` is independent."""
+
+    __slots__ = ("episodes", "epochs", "group", "hits", "index", "judge", "next")
+
+    def __init__(self, epochs: EpochCounter | None, episodes: EpisodeCounter | None) -> None:
+        self.epochs = epochs
+        self.episodes = episodes
+        self.next = 0
+        self.group = -1
+        self.index = 0
+        self.hits: dict[tuple[str, str], list[int]] = {}
+        self.judge: RepeatJudge | None = None
+
+    def copy(self) -> RecurrenceState:
+        """An independent copy (the lists of ``hits`` are copied, the transcript never held)."""
+        epochs = self.epochs.copy() if self.epochs is not None else None
+        out = RecurrenceState(epochs, self.episodes.copy() if self.episodes is not None else None)
+        out.next, out.group, out.index = self.next, self.group, self.index
+        out.hits = {k: list(v) for k, v in self.hits.items()}
+        out.judge = self.judge.copy(epochs) if self.judge is not None else None
+        return out
