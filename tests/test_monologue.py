@@ -225,3 +225,48 @@ def test_stop_possible(history: History, settings: dict[str, Any], expected: boo
 )
 def test_answer_run(history: History, expected: int) -> None:
     assert guard().answer_run(transcript(history)) == expected
+
+
+SPLITS = {
+    "same_text_with_calls": (with_calls([SAME] * 4), [(6, "user", 3)]),
+    "same_text_only_reply_waits_for_its_answer": (
+        text_only([SAME] * 3, [HARNESS] * 3),
+        [(8, "tool_suffix", 3)],
+    ),
+    "same_answer_to_different_replies": (
+        text_only(["a", "b", "c", "d"], [HARNESS] * 4),
+        [(8, "tool_suffix", 3)],
+    ),
+    "a_reply_nothing_answered_yet": (text_only(["a", "b", "c"], [HARNESS] * 2), []),
+    "text_then_the_same_text_with_calls": (
+        text_only([SAME, SAME], [HARNESS] * 2).step(("read_file", {"path": "a.py"}, "x"), text=SAME),
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize(("history", "expected"), list(SPLITS.values()), ids=list(SPLITS))
+def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
+    history: History, expected: list[tuple[int, str, int]]
+) -> None:
+    """Issue 15: the state after any message position, advanced (or a copy of it) over the rest,
+    decides what the whole-transcript call decides."""
+    g = guard()
+    t = transcript(history)
+    whole = g(t, None)
+    assert [(a.after, a.delivery, a.count) for a in whole] == expected
+    for upto in range(t.message_count + 1):
+        state = g.begin()
+        first = g.advance(state, t, None, upto)
+        kept = state.copy()
+        assert first + g.advance(state, t, None, t.message_count) == whole, upto
+        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
+        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read
+
+
+def test_a_text_only_reply_is_decided_when_the_message_after_it_is_read() -> None:
+    g = guard()
+    t = transcript(text_only(["a", "b", "c"], [HARNESS] * 3))
+    state = g.begin()
+    assert g.advance(state, t, None, 8) == []  # the third reply (7) is read, its answer (8) not
+    assert [(a.after, a.count) for a in g.advance(state, t, None, 9)] == [(8, 3)]

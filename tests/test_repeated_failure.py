@@ -176,3 +176,49 @@ def test_error_preview_chars() -> None:
     calls = [("bash", {"command": "run"}, long)] * 2
     (action,) = guard(error_preview_chars=20)(transcript(History().steps(calls)), None)
     assert "- result: Error: xxxxxxxxxxxxx… (+287 more chars)\n" in action.text
+
+
+SPLITS = {
+    "failures_classified_once_the_target_has_enough_calls": (
+        History().steps([diff("a"), read(), diff("ab"), read(), diff("abc"), diff("abcd")]),
+        [("remind", 5, 3)],
+    ),
+    "a_success_before_the_count_is_reached_still_resets": (
+        History().steps([diff("a"), diff("ab", OK), diff("abc"), diff("abcd"), diff("abcde")]),
+        [("remind", 5, 3)],
+    ),
+    "reissue_then_failing_run": (
+        History().steps([diff("a"), diff("a"), diff("b"), diff("c", path="other.py"), diff("c")]),
+        [("remind", 2, 2), ("remind", 3, 3)],
+    ),
+    "a_new_turn_starts_afresh": (
+        History()
+        .steps([diff("a"), diff("ab")])
+        .user("Look at server.py instead.")
+        .steps([diff("abc"), diff("a"), diff("a"), diff("b")]),
+        [("remind", 5, 2)],  # call 3 is the first failure of the new turn
+    ),
+    "continue_goes_on_with_the_turn": (
+        History().steps([diff("a"), diff("ab")]).user("continue").steps([diff("abc")]),
+        [("remind", 3, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("history", "expected"), list(SPLITS.values()), ids=list(SPLITS))
+def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
+    history: History, expected: list[tuple[str, int, int]]
+) -> None:
+    """Issue 15: the state after any message position, advanced (or a copy of it) over the rest,
+    decides what the whole-transcript call decides."""
+    g = guard()
+    assert summary(g, history) == expected
+    t = transcript(history)
+    whole = g(t, None)
+    for upto in range(t.message_count + 1):
+        state = g.begin()
+        first = g.advance(state, t, None, upto)
+        kept = state.copy()
+        assert first + g.advance(state, t, None, t.message_count) == whole, upto
+        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
+        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read

@@ -29,6 +29,7 @@ do not reset, because harnesses answer a reply they dislike with a user message)
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Sequence
@@ -70,7 +71,7 @@ def normalize(text: str) -> str:
 class Monologue:
     """Guard callable: ``Monologue(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_last", "_situations")
+    __slots__ = ("_cfg", "_delivery", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
@@ -82,7 +83,6 @@ class Monologue:
         self._cfg = cfg
         self._delivery = delivery
         self._situations = situations or Situations()
-        self._last: tuple[object, object, list[int]] | None = None
 
     @property
     def config(self) -> MonologueConfig:
@@ -92,7 +92,7 @@ class Monologue:
         """The tools assistant message ``msg`` called, in order (empty for a text-only one)."""
         if not msg.has_calls:
             return ()
-        step = _steps_by_position(transcript).get(msg.position)
+        step = _step_at(transcript, msg.position)
         if step is None:
             return ()
         return tuple(transcript.calls[i].name for i in step.calls)
@@ -103,8 +103,7 @@ class Monologue:
             return False
         if not a.has_calls:
             return True
-        steps = _steps_by_position(transcript)
-        sa, sb = steps.get(a.position), steps.get(b.position)
+        sa, sb = _step_at(transcript, a.position), _step_at(transcript, b.position)
         if sa is None or sb is None or len(sa.calls) != len(sb.calls):
             return False
         masks = self._situations.masks
@@ -116,74 +115,110 @@ class Monologue:
                 return False
         return True
 
-    def _runs(self, transcript: Transcript) -> list[int]:
-        """Per assistant message of ``transcript.said`` (in order), the length of its same-text run.
-        Remembered for the last transcript asked about (the rule, its stop check and the stop
-        count of one request ask for the same one)."""
-        if self._last is not None and self._last[0] is transcript.said and self._last[1] is transcript.steps:
-            return self._last[2]
-        runs = self._compute_runs(transcript)
-        self._last = (transcript.said, transcript.steps, runs)
-        return runs
+    def _repeats(self, transcript: Transcript, a: Said, a_text: str, b: Said, b_text: str) -> bool:
+        """Assistant message ``b`` (normalized text ``b_text``) goes on with the same-text run of
+        the previous assistant message ``a`` (``a_text``)."""
+        return bool(b_text) and b_text == a_text and self._same_step(transcript, a, b)
 
-    def _compute_runs(self, transcript: Transcript) -> list[int]:
-        runs: list[int] = []
-        last: Said | None = None
-        last_text = ""
-        for msg in transcript.said:
-            if msg.role != "assistant":
-                continue
-            text = normalize(msg.text)
-            if text and last is not None and text == last_text and self._same_step(transcript, last, msg):
-                runs.append(runs[-1] + 1)
-            else:
-                runs.append(1 if text else 0)
-            last, last_text = msg, text
-        return runs
+    def _last_run(self, transcript: Transcript) -> int:
+        """The length of the same-text run of the last assistant message of ``transcript.said``
+        (0 without one): counted back from it, as long as each message repeats the one before."""
+        said = transcript.said
+        k = _previous_assistant(said, len(said))
+        if k is None:
+            return 0
+        text = normalize(said[k].text)
+        if not text:
+            return 0
+        run = 1
+        j = _previous_assistant(said, k)
+        while j is not None and self._repeats(transcript, said[j], normalize(said[j].text), said[k], text):
+            run, k = run + 1, j
+            j = _previous_assistant(said, k)
+        return run
+
+    def begin(self) -> MonologueState:
+        """The state before any message (:mod:`proxy.guards.resume`)."""
+        return MonologueState()
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: MonologueState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the messages of ``transcript.said`` before message position ``upto`` that
+        ``state`` has not read (:mod:`proxy.guards.resume`); the reminders decided for them. A
+        text-only assistant message is decided when the message after it is read (its answer, or
+        not), or at the end of the transcript. Nothing in a conversation without tool calls."""
         if not transcript.calls:
             return []
         said = transcript.said
-        step_at = _steps_by_position(transcript)
-        runs = iter(self._runs(transcript))
         actions: list[Action] = []
-        answer_run, last_answer = 0, ""
-        for k, msg in enumerate(said):
+        s = state
+        while s.next < len(said) and said[s.next].position < upto:
+            k = s.next
+            msg = said[k]
+            s.next += 1
+            if s.waiting:
+                self._decide(s, transcript, msg, actions)
             if msg.role != "assistant":
                 continue
             text = normalize(msg.text)
-            text_run = next(runs)
-            answer = _answer(said, k, transcript.message_count)
-            if answer is not None:
-                a_text = normalize(answer.text)
-                answer_run = answer_run + 1 if a_text and a_text == last_answer else (1 if a_text else 0)
-                last_answer = a_text
+            if (
+                text
+                and s.last is not None
+                and self._repeats(transcript, said[s.last], s.last_text, msg, text)
+            ):
+                s.run += 1
             else:
-                answer_run, last_answer = 0, ""
-            if text_run == self._cfg.repeats:
-                body = SAME_TEXT.format(count=text_run, text=preview(text, TEXT_PREVIEW_CHARS))
-                count = text_run
-            elif answer_run == self._cfg.repeats and answer is not None:
-                body = SAME_ANSWER.format(count=answer_run, text=preview(last_answer, TEXT_PREVIEW_CHARS))
-                count = answer_run
-            else:
-                continue
-            if msg.has_calls:
-                step = step_at.get(msg.position)
-                if step is None or step.end is None:
-                    continue
-                after, fresh, delivery = step.end, transcript.is_fresh(step.index), self._delivery
-            elif answer is not None:
-                after, fresh, delivery = (
-                    answer.position,
-                    answer.position == transcript.message_count - 1,
-                    "tool_suffix",
-                )
-            else:
-                continue
-            actions.append(Remind(after, body, RULE, "", count, self._cfg.repeats, fresh, delivery))
+                s.run = 1 if text else 0
+            s.last, s.last_text = k, text
+            s.waiting = True
+            if msg.has_calls:  # no answer to wait for
+                self._decide(s, transcript, None, actions)
+        if s.waiting and s.next >= len(said) and upto >= transcript.message_count:
+            self._decide(s, transcript, None, actions)
         return actions
+
+    def _decide(
+        self, s: MonologueState, transcript: Transcript, nxt: Said | None, actions: list[Action]
+    ) -> None:
+        """Decide the last assistant message read (``s.last``), ``nxt`` being the message of
+        ``transcript.said`` after it (None: none, or it made calls): its answer when it is a
+        user message right after a text-only one."""
+        s.waiting = False
+        assert s.last is not None
+        msg = transcript.said[s.last]
+        answer = None
+        if not msg.has_calls and nxt is not None and nxt.role == "user" and nxt.position == msg.position + 1:
+            answer = nxt
+        if answer is not None:
+            a_text = normalize(answer.text)
+            s.answer_run = s.answer_run + 1 if a_text and a_text == s.last_answer else (1 if a_text else 0)
+            s.last_answer = a_text
+        else:
+            s.answer_run, s.last_answer = 0, ""
+        if s.run == self._cfg.repeats:
+            body = SAME_TEXT.format(count=s.run, text=preview(s.last_text, TEXT_PREVIEW_CHARS))
+            count = s.run
+        elif s.answer_run == self._cfg.repeats and answer is not None:
+            body = SAME_ANSWER.format(count=s.answer_run, text=preview(s.last_answer, TEXT_PREVIEW_CHARS))
+            count = s.answer_run
+        else:
+            return
+        if msg.has_calls:
+            step = _step_at(transcript, msg.position)
+            if step is None or step.end is None:
+                return
+            after, fresh, delivery = step.end, transcript.is_fresh(step.index), self._delivery
+        elif answer is not None:
+            after, fresh, delivery = (
+                answer.position,
+                answer.position == transcript.message_count - 1,
+                "tool_suffix",
+            )
+        else:
+            return
+        actions.append(Remind(after, body, RULE, "", count, self._cfg.repeats, fresh, delivery))
 
     def stop_possible(self, transcript: Transcript) -> bool:
         """True when one more assistant message repeating the last one, or one more text-only
@@ -193,8 +228,8 @@ class Monologue:
             return False
         if self.answer_run(transcript) + 1 >= stop_at:
             return True
-        runs = self._runs(transcript)
-        return bool(runs) and runs[-1] + 1 >= stop_at
+        last = _previous_assistant(transcript.said, len(transcript.said))
+        return last is not None and self._last_run(transcript) + 1 >= stop_at
 
     def answer_run(self, transcript: Transcript) -> int:
         """How many text-only replies in a row, each answered by the same user message, end the
@@ -227,28 +262,44 @@ class Monologue:
             return 1
         if tuple(tools) != self._tools_of(transcript, last):
             return 1
-        return self._runs(transcript)[-1] + 1
+        return self._last_run(transcript) + 1
 
 
-_step_maps: list[tuple[object, dict[int, Step]]] = []
+class MonologueState:
+    """What :class:`Monologue` has read: the next message (``next``, an index into
+    ``transcript.said``); the last assistant message read (``last``, an index; None before one),
+    its normalized text (``last_text``), its same-text run (``run``) and whether it still waits
+    for the message after it to be decided (``waiting``); the same-answer run (``answer_run``)
+    and its answer's normalized text (``last_answer``). Mutable; :meth:`copy` is independent."""
+
+    __slots__ = ("answer_run", "last", "last_answer", "last_text", "next", "run", "waiting")
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.last: int | None = None
+        self.last_text = ""
+        self.run = 0
+        self.waiting = False
+        self.answer_run = 0
+        self.last_answer = ""
+
+    def copy(self) -> MonologueState:
+        out = MonologueState()
+        out.next, out.last, out.last_text, out.run = self.next, self.last, self.last_text, self.run
+        out.waiting, out.answer_run, out.last_answer = self.waiting, self.answer_run, self.last_answer
+        return out
 
 
-def _steps_by_position(transcript: Transcript) -> dict[int, Step]:
-    """The transcript's steps by the position of their assistant message (the last one built is
-    kept: every message of one request looks its step up)."""
-    if _step_maps and _step_maps[0][0] is transcript.steps:
-        return _step_maps[0][1]
-    found = {s.position: s for s in transcript.steps}
-    _step_maps[:] = [(transcript.steps, found)]
-    return found
+def _step_at(transcript: Transcript, position: int) -> Step | None:
+    """The step whose assistant message is at ``position`` (steps are in message order)."""
+    steps = transcript.steps
+    i = bisect.bisect_left(steps, position, key=lambda st: st.position)
+    return steps[i] if i < len(steps) and steps[i].position == position else None
 
 
-def _answer(said: Sequence[Said], k: int, message_count: int) -> Said | None:
-    """The user message right after text-only assistant message ``said[k]``, if any."""
-    msg = said[k]
-    if msg.has_calls or k + 1 >= len(said):
-        return None
-    nxt = said[k + 1]
-    if nxt.role != "user" or nxt.position != msg.position + 1:
-        return None
-    return nxt
+def _previous_assistant(said: Sequence[Said], k: int) -> int | None:
+    """The index of the last assistant message of ``said`` before index ``k`` (None: none)."""
+    for j in range(k - 1, -1, -1):
+        if said[j].role == "assistant":
+            return j
+    return None

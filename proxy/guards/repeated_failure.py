@@ -26,14 +26,15 @@ Rules, per turn (calls after a user message):
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EpochCounter, Situations
+from proxy.episodes import EpisodeCounter
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, RejectionRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import memoized, remind_after_step, turns
+from proxy.guards.turns import memoized, remind_after_step
 from proxy.ops.config import RepeatedFailureConfig
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, call_on
@@ -127,60 +128,129 @@ class RepeatedFailure:
                 return preview(line, self._cfg.error_preview_chars)
         return preview(lines[0], self._cfg.error_preview_chars) if lines else "(empty result)"
 
+    def begin(self) -> FailureState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        epochs = self._situations.epoch_counter() if self._cfg.reissue else None
+        return FailureState(
+            self._situations.episode_counter(), epochs, RepeatJudge(self._situations.masks, epochs)
+        )
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def _failed(
+        self, s: FailureState, calls: Sequence[ToolCall], call: ToolCall, on: tuple[str, str | None]
+    ) -> bool | None:
+        """Whether ``call`` failed, classified only once its tool/target has ``failures`` calls
+        in the turn (fewer cannot reach the run): the calls before that are kept by ``seq`` in
+        ``s.waiting`` and classified (into ``s.runs``) when the count is reached. None for a
+        call not classified (or without a result)."""
+        cfg = self._cfg
+        if not cfg.failures:
+            return None
+        n = s.counts[on] = s.counts.get(on, 0) + 1
+        if n < cfg.failures:
+            s.waiting.setdefault(on, []).append(call.seq)
+            return None
+        for seq in s.waiting.pop(on, ()):
+            earlier = self._failures(calls[seq].result)
+            if earlier is True:
+                s.runs[on] = s.runs.get(on, 0) + 1
+            elif earlier is False:
+                s.runs[on] = 0
+        return self._failures(call.result)
+
+    def advance(self, state: FailureState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders decided for them."""
         cfg = self._cfg
         actions: list[Action] = []
-        epochs = self._situations.epochs(transcript.calls) if cfg.reissue else None
-        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
-            judge = RepeatJudge(self._situations.masks, epochs)
-            runs: dict[tuple[str, str | None], int] = {}
-            # key -> (its last call, occurrences in its current run of bad results, reminded in it)
-            last: dict[tuple[str, str], tuple[ToolCall, int, bool]] = {}
-            ons = [self._on(call) for call in calls]
-            # only a tool/target with enough calls in the turn can reach the run: classify just those
-            often = {on for on, n in Counter(ons).items() if cfg.failures and n >= cfg.failures}
-            for call, on in zip(calls, ons, strict=True):
-                where = on[1]
-                failed = self._failures(call.result) if on in often else None
-                if failed is True:
-                    runs[on] = runs.get(on, 0) + 1
-                elif failed is False:
-                    runs[on] = 0
-                key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-                entry = last.get(key)
-                # (the previous call with the key failed or was rejected, it was rejected)
-                prev = self._bad(entry[0]) if entry is not None else None
-                run = entry[1] + 1 if entry is not None and prev is not None and prev[0] else 1
-                reminded = entry is not None and entry[2] and run > 1
-                same = judge.repeats(key, call.result, call.seq) if cfg.reissue else False
-                text = None
-                count = 0
-                if cfg.reissue and prev is not None and prev[0] and same and not reminded:
-                    assert entry is not None
-                    text = REISSUE_TEXT.format(
-                        outcome="was rejected by the user" if prev[1] else "failed",
-                        tool=call.name,
-                        arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
-                        error=self.error_line(entry[0].result),
-                        respect=" (the user rejected it: do what they asked instead)" if prev[1] else "",
-                    )
-                    count = run
-                    reminded = True
-                elif cfg.failures and failed is True and runs[on] == cfg.failures and not (prev and prev[0]):
-                    count = runs[on]
-                    target = preview(where, 120) if where else ""
-                    on_target = target and target != call.name  # SWE-agent's "edit" is its own target
-                    text = FAILING_TEXT.format(
-                        subject=f"{on[0]} on {target}" if on_target else on[0],
-                        about=f" about {target}" if on_target else "",
-                        count=count,
-                        error=self.error_line(call.result),
-                    )
-                last[key] = (call, run, reminded)
-                if text is None:
-                    continue
-                limit = 2 if text.startswith(REISSUE_TEXT[:30]) else cfg.failures
-                action = remind_after_step(transcript, call, text, RULE, count, limit, self._delivery)
-                if action is not None:
-                    actions.append(action)
+        calls = transcript.calls
+        s = state
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            if s.epochs is not None:
+                s.epochs.add(call)
+            turn = s.episodes.of(transcript, call.position)
+            if turn != s.turn:  # a new turn: its runs start over
+                s.turn = turn
+                s.judge = RepeatJudge(self._situations.masks, s.epochs)
+                s.runs, s.last, s.counts, s.waiting = {}, {}, {}, {}
+            on = self._on(call)
+            where = on[1]
+            failed = self._failed(s, calls, call, on)
+            if failed is True:
+                s.runs[on] = s.runs.get(on, 0) + 1
+            elif failed is False:
+                s.runs[on] = 0
+            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+            entry = s.last.get(key)
+            before = calls[entry[0]] if entry is not None else None
+            # (the previous call with the key failed or was rejected, it was rejected)
+            prev = self._bad(before) if before is not None else None
+            run = entry[1] + 1 if entry is not None and prev is not None and prev[0] else 1
+            reminded = entry is not None and entry[2] and run > 1
+            same = s.judge.repeats(key, call.result, call.seq) if cfg.reissue else False
+            text = None
+            count = 0
+            if cfg.reissue and prev is not None and prev[0] and same and not reminded:
+                assert before is not None
+                text = REISSUE_TEXT.format(
+                    outcome="was rejected by the user" if prev[1] else "failed",
+                    tool=call.name,
+                    arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
+                    error=self.error_line(before.result),
+                    respect=" (the user rejected it: do what they asked instead)" if prev[1] else "",
+                )
+                count = run
+                reminded = True
+            elif cfg.failures and failed is True and s.runs[on] == cfg.failures and not (prev and prev[0]):
+                count = s.runs[on]
+                target = preview(where, 120) if where else ""
+                on_target = target and target != call.name  # SWE-agent's "edit" is its own target
+                text = FAILING_TEXT.format(
+                    subject=f"{on[0]} on {target}" if on_target else on[0],
+                    about=f" about {target}" if on_target else "",
+                    count=count,
+                    error=self.error_line(call.result),
+                )
+            s.last[key] = (call.seq, run, reminded)
+            if text is None:
+                continue
+            limit = 2 if text.startswith(REISSUE_TEXT[:30]) else cfg.failures
+            action = remind_after_step(transcript, call, text, RULE, count, limit, self._delivery)
+            if action is not None:
+                actions.append(action)
         return actions
+
+
+class FailureState:
+    """What :class:`RepeatedFailure` has read: the next call (``next``, a ``seq``), the episode
+    counter and, with ``reissue``, the situation counter; and of the current turn (``turn``, its
+    episode): the ``judge`` of repeats, per tool/target (``on``) its run of failures (``runs``),
+    its calls so far (``counts``) and the calls not classified yet (``waiting``, by ``seq``), and
+    per call key (tool, canonical arguments) its last call (``seq``), the length of its run of
+    bad results and whether that run was reminded (``last``). Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = ("counts", "episodes", "epochs", "judge", "last", "next", "runs", "turn", "waiting")
+
+    def __init__(self, episodes: EpisodeCounter, epochs: EpochCounter | None, judge: RepeatJudge) -> None:
+        self.episodes = episodes
+        self.epochs = epochs
+        self.judge = judge
+        self.next = 0
+        self.turn = -1
+        self.runs: dict[tuple[str, str | None], int] = {}
+        self.counts: dict[tuple[str, str | None], int] = {}
+        self.waiting: dict[tuple[str, str | None], list[int]] = {}
+        self.last: dict[tuple[str, str], tuple[int, int, bool]] = {}
+
+    def copy(self) -> FailureState:
+        epochs = self.epochs.copy() if self.epochs is not None else None
+        out = FailureState(self.episodes.copy(), epochs, self.judge.copy(epochs))
+        out.next, out.turn = self.next, self.turn
+        out.runs, out.counts, out.last = dict(self.runs), dict(self.counts), dict(self.last)
+        out.waiting = {k: list(v) for k, v in self.waiting.items()}
+        return out

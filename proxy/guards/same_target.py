@@ -27,9 +27,10 @@ from collections.abc import Sequence
 
 from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
-from proxy.effects import Epochs, Situations
+from proxy.effects import EpochCounter, Situations
+from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
-from proxy.guards.turns import known, memoized, remind_after_step, turns
+from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import SameTargetConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
@@ -73,36 +74,44 @@ class SameTarget:
         self._thresholds = frozenset(cfg.thresholds)
         self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
 
-    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
-        epochs = self._situations.epochs(transcript.calls)
-        actions: list[Action] = []
-        for calls in turns(transcript.calls, self._situations.episodes(transcript)):
-            actions.extend(self._turn(transcript, calls, epochs))
-        return actions
+    def begin(self) -> SameTargetState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        return SameTargetState(self._situations.epoch_counter(), self._situations.episode_counter())
 
-    def _turn(self, transcript: Transcript, calls: Sequence[ToolCall], epochs: Epochs) -> list[Action]:
+    def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: SameTargetState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the reminders decided for them."""
         masks = self._situations.masks
         actions: list[Action] = []
-        run = 0
-        varied = False
-        prev: ToolCall | None = None
-        prev_on: tuple[str, str | None] | None = None
-        prev_same = False  # the previous pair continued the run (for a result not known yet)
-        for call in calls:
+        calls = transcript.calls
+        s = state
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            s.epochs.add(call)
+            turn = s.episodes.of(transcript, call.position)
+            if turn != s.turn:  # a new episode: no run goes on across it
+                s.turn = turn
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
             on = memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
             if on[1] is None:
-                run, varied, prev, prev_on, prev_same = 0, False, None, None, False
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
                 continue
+            prev = calls[s.prev] if s.prev is not None else None
             same = False
-            if prev is not None and on == prev_on and epochs.unchanged(prev.seq, call.seq):
-                same = same_result(prev.result, call.result, masks) if known(call.result) else prev_same
+            if prev is not None and on == s.prev_on and s.epochs.unchanged(prev.seq, call.seq):
+                same = same_result(prev.result, call.result, masks) if known(call.result) else s.prev_same
             if same and prev is not None:
-                run += 1
-                varied = varied or self._same_call(call) != self._same_call(prev)
+                s.run += 1
+                s.varied = s.varied or self._same_call(call) != self._same_call(prev)
             else:
-                run, varied = 1, False
-            prev, prev_on, prev_same = call, on, same
-            if run not in self._thresholds or not varied:
+                s.run, s.varied = 1, False
+            s.prev, s.prev_on, s.prev_same = call.seq, on, same
+            run = s.run
+            if run not in self._thresholds or not s.varied:
                 continue
             tool, target = on
             subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
@@ -123,3 +132,30 @@ class SameTarget:
 
 def _args(call: ToolCall) -> str:
     return canonical_arguments(call.arguments, call.arguments_raw)
+
+
+class SameTargetState:
+    """What :class:`SameTarget` has read: the next call (``next``, a ``seq``), the situation and
+    episode counters, the current episode (``turn``) and its run: its length (``run``), whether
+    its arguments differed (``varied``), its last call (``prev``, a ``seq``; None after a call
+    without a target), what that call was on (``prev_on``) and whether it continued the run
+    (``prev_same``). Mutable; :meth:`copy` is independent."""
+
+    __slots__ = ("episodes", "epochs", "next", "prev", "prev_on", "prev_same", "run", "turn", "varied")
+
+    def __init__(self, epochs: EpochCounter, episodes: EpisodeCounter) -> None:
+        self.epochs = epochs
+        self.episodes = episodes
+        self.next = 0
+        self.turn = -1
+        self.run = 0
+        self.varied = False
+        self.prev: int | None = None
+        self.prev_on: tuple[str, str | None] | None = None
+        self.prev_same = False
+
+    def copy(self) -> SameTargetState:
+        out = SameTargetState(self.epochs.copy(), self.episodes.copy())
+        out.next, out.turn, out.run, out.varied = self.next, self.turn, self.run, self.varied
+        out.prev, out.prev_on, out.prev_same = self.prev, self.prev_on, self.prev_same
+        return out

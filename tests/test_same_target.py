@@ -1,0 +1,78 @@
+"""same_target (R3, issue 10): the same tool on one target, arguments drifting, the result not
+changing → reminder at the thresholds; resumable (issue 15): split anywhere, the same actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.guards.same_target import SameTarget
+from proxy.ops.config import SameTargetConfig, build
+from tests.agent_steps import Call, History
+from tests.rule_helpers import summary, transcript
+
+
+def drift(note: str, result: str = "x = 1", path: str = "t.py") -> Call:
+    return ("read_file", {"path": path, "note": note}, result)
+
+
+THINK: Call = ("think", {"thought": "hm"}, "Your thought has been logged.")
+EDIT: Call = ("edit_file", {"path": "t.py", "old": "1", "new": "2"}, "Edited.")
+
+
+def guard(**settings: Any) -> SameTarget:
+    return SameTarget(build(SameTargetConfig, settings))
+
+
+def drifting(n: int) -> list[Call]:
+    return [drift(chr(ord("a") + k)) for k in range(n)]
+
+
+HISTORIES = {
+    "three_drifting_calls_same_result": (History().steps(drifting(3)), [("remind", 3, 3)]),
+    "two_drifting_calls_nothing": (History().steps(drifting(2)), []),
+    "every_threshold_of_a_long_run": (
+        History().steps(drifting(8)),
+        [("remind", 3, 3), ("remind", 5, 5), ("remind", 8, 8)],
+    ),
+    "identical_calls_are_repeat_reminders": (History().steps([drift("a")] * 3), []),
+    "a_new_result_ends_the_run": (History().steps([drift("a"), drift("b"), drift("c", "x = 2")]), []),
+    "another_target_ends_the_run": (History().steps([drift("a"), drift("b", path="u.py"), drift("c")]), []),
+    "a_call_without_target_ends_the_run": (History().steps([drift("a"), drift("b"), THINK, drift("c")]), []),
+    "an_edit_in_between_is_a_change": (History().steps([drift("a"), drift("b"), EDIT, drift("c")]), []),
+    "a_new_request_ends_the_run": (
+        History().steps(drifting(2)).user("Now look at the tests instead.").steps([drift("c")]),
+        [],
+    ),
+    "continue_goes_on_with_the_run": (
+        History().steps(drifting(2)).user("continue").steps([drift("c")]),
+        [("remind", 3, 3)],
+    ),
+    "run_after_a_new_request_counts_afresh": (
+        History().steps(drifting(2)).user("Now look at the tests instead.").steps(drifting(3)),
+        [("remind", 5, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("history", "expected"), list(HISTORIES.values()), ids=list(HISTORIES))
+def test_same_target(history: History, expected: list[tuple[str, int, int]]) -> None:
+    assert summary(guard(), history) == expected
+
+
+@pytest.mark.parametrize(("history", "expected"), list(HISTORIES.values()), ids=list(HISTORIES))
+def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
+    history: History, expected: list[tuple[str, int, int]]
+) -> None:
+    g = guard()
+    t = transcript(history)
+    whole = g(t, None)
+    assert len(whole) == len(expected)
+    for upto in range(t.message_count + 1):
+        state = g.begin()
+        first = g.advance(state, t, None, upto)
+        kept = state.copy()
+        assert first + g.advance(state, t, None, t.message_count) == whole, upto
+        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
+        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read
