@@ -133,26 +133,24 @@ class Escalation:
             s.next += 1
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
-                s.episode, s.tracks = episode, {}
+                s.episode, s.start, s.tracks = episode, call.seq, {}
+            afters = about.get(call.seq)
+            if afters is None and not s.tracks:  # nothing reminded about in the episode yet
+                continue
             on = self.on(call)
             track = s.tracks.get(on)
             if track is None:
+                if afters is None:  # never reminded about (yet): judged from its first reminder
+                    continue
+                # the first reminder on it: judge the episode's calls on it before this one
                 track = s.tracks[on] = Track()
-            for after in about.get(call.seq, ()):
+                for seq in range(s.start, call.seq):
+                    if self.on(calls[seq]) == on:
+                        self._judge(track, calls[seq], calls, masks)
+            for after in afters or ():
                 i = bisect.bisect_left(track.places, after)
                 if i == len(track.places) or track.places[i] != after:  # once per place
                     track.places.insert(i, after)
-            if not track.places:  # never reminded about (yet): only its results are needed later
-                if known(call.result):
-                    assert call.result is not None
-                    track.results.append(call.result)
-                assert track.seqs is not None
-                track.seqs.append(call.seq)
-                continue
-            if track.seqs is not None:  # the first reminder on it: judge the calls before this one
-                seqs, track.seqs, track.results = track.seqs, None, []
-                for seq in seqs:
-                    self._judge(track, calls[seq], calls, masks)
             stale = self._judge(track, call, calls, masks)
             if not stale or call.result is None:
                 continue
@@ -195,45 +193,45 @@ class Escalation:
 
 
 class Track:
-    """What one episode has of the calls on one tool and target: ``places`` (sorted, once each)
-    of the reminders about them read so far; ``results``, their known results in order. Until
-    the first reminder, ``seqs`` lists the calls (by ``seq``), to be judged then; after it
-    (``seqs`` None) ``last_stale`` is the last call's ``seq`` when it got nothing new and
+    """What one episode has of the calls on one tool and target that were reminded about:
+    ``places`` (sorted, once each) of the reminders about them read so far, their known
+    ``results`` in order, ``last_stale`` the last call's ``seq`` when it got nothing new, and
     ``moved`` the position of the last new result (-1: none)."""
 
-    __slots__ = ("last_stale", "moved", "places", "results", "seqs")
+    __slots__ = ("last_stale", "moved", "places", "results")
 
     def __init__(self) -> None:
         self.places: list[int] = []
         self.results: list[ToolResult] = []
-        self.seqs: list[int] | None = []
         self.last_stale: int | None = None
         self.moved = -1
 
     def copy(self) -> Track:
         out = Track()
         out.places, out.results = list(self.places), list(self.results)
-        out.seqs = list(self.seqs) if self.seqs is not None else None
         out.last_stale, out.moved = self.last_stale, self.moved
         return out
 
 
 class EscalationState:
     """What :class:`Escalation` has read: the next call (``next``, an index into
-    ``transcript.calls``), the episode counter, the current ``episode`` and its :class:`Track`
-    per tool and target (``tracks``; earlier episodes are never read again). Mutable;
-    :meth:`copy` is independent."""
+    ``transcript.calls``), the episode counter, the current ``episode``, the ``seq`` of its
+    first call (``start``) and a :class:`Track` per tool and target reminded about in it
+    (``tracks``; a target is tracked from its first reminder, its earlier calls in the episode
+    read again then; earlier episodes are never read again). Mutable; :meth:`copy` is
+    independent."""
 
-    __slots__ = ("episode", "episodes", "next", "tracks")
+    __slots__ = ("episode", "episodes", "next", "start", "tracks")
 
     def __init__(self, episodes: EpisodeCounter) -> None:
         self.episodes = episodes
         self.next = 0
         self.episode = -1
+        self.start = 0
         self.tracks: dict[tuple[str, str | None], Track] = {}
 
     def copy(self) -> EscalationState:
         out = EscalationState(self.episodes.copy())
-        out.next, out.episode = self.next, self.episode
+        out.next, out.episode, out.start = self.next, self.episode, self.start
         out.tracks = {on: t.copy() for on, t in self.tracks.items()}
         return out
