@@ -430,3 +430,31 @@ def test_config_accepts(data: dict[str, Any]) -> None:
     cfg = build(Config, {"guards": {"circuit_breaker": data}}).guards.circuit_breaker
     for k, v in data.items():
         assert getattr(cfg, k) == (tuple(v) if isinstance(v, list) else v)
+
+
+# --- resuming from a kept state (issue 15) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "cfg", "denied"),
+    [
+        (" ".join(["A"] * 9), {"duplicate_limit": 6}, [7, 8, 9]),
+        ("A A B A A u A", {"duplicate_limit": 2, "window": 3}, [4, 5, 6]),
+        ("A B C D E F", {"max_calls_per_agent": 3}, [4, 5, 6]),
+    ],
+    ids=["duplicates", "window", "cap"],
+)
+def test_a_state_advanced_in_two_parts_withholds_what_the_whole_run_does(
+    spec: str, cfg: dict[str, Any], denied: list[int]
+) -> None:
+    messages = conversation(letters(spec))
+    t = parse_request({"messages": messages})
+    g = breaker(**cfg)
+    whole = g(t, None)
+    assert denied_calls(messages, whole) == denied  # type: ignore[arg-type]
+    for step in t.steps:  # cut at every step's assistant message
+        state = g.begin()
+        first = g.advance(state, t, None, step.position)
+        kept = state.copy()
+        assert first + g.advance(state, t, None, t.message_count) == whole
+        assert first + g.advance(kept, t, None, t.message_count) == whole  # the copy is independent

@@ -16,8 +16,8 @@ from proxy.actions import Remind, Stop, Withhold
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
-from proxy.guards.escalation import WITHHOLD_TEXT
-from proxy.ops.config import Config, build
+from proxy.guards.escalation import WITHHOLD_TEXT, Escalation
+from proxy.ops.config import Config, EscalationConfig, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import ESCALATION_TEXT, StopJudge
 from tests.agent_steps import History
@@ -373,3 +373,67 @@ def test_a_new_request_starts_the_ladder_from_the_bottom() -> None:
     h.steps([("read_file", drift(6), CONFIG)])
     t = transcript(h)
     assert [call_at(t, a) for a in actions(h) if isinstance(a, Withhold) and a.rule == "escalation"] == [6]
+
+
+# --- resuming from a kept state (issue 15) ------------------------------------------------------
+
+
+def test_a_target_first_reminded_after_the_cut_is_judged_from_its_first_call() -> None:
+    # results v1, v2 (new), then v2 again and again; reminders about calls 3 and 4 only: the
+    # calls before the cut were read before any reminder on the target, and the last new
+    # result (call 2) still sets the count back
+    results = ["v1", "v2", "v1", "v2", "v2", "v2"]
+    h = History().steps([("read_file", {"path": "config.yaml"}, r) for r in results])
+    t = transcript(h)
+    prior = tuple(
+        Remind(
+            after=t.steps[n - 1].end,
+            text="r",
+            rule="same_target",
+            tool="read_file",
+            count=n,
+            limit=n,
+            fresh=False,
+            call=n - 1,
+        )
+        for n in (3, 4)
+    )
+    ctx = Context(prior=prior)
+    g = Escalation(EscalationConfig())
+    whole = g(t, ctx)
+    assert [(a.position, a.count) for a in whole] == [(h.result_position(5), 2), (h.result_position(6), 2)]
+    for step in t.steps:  # cut at every step's assistant message
+        state = g.begin()
+        first = g.advance(state, t, ctx, step.position)
+        kept = state.copy()
+        assert first + g.advance(state, t, ctx, t.message_count) == whole
+        assert first + g.advance(kept, t, ctx, t.message_count) == whole  # the copy is independent
+
+
+def test_a_new_result_before_the_reminders_sets_the_count_back_when_resumed() -> None:
+    # a reminder after call 2, a new result at call 3, a reminder after call 4: call 5 has read
+    # one reminder since the last new result, call 6 two
+    results = ["v1", "v1", "v2", "v2", "v2", "v2"]
+    h = History().steps([("read_file", {"path": "config.yaml"}, r) for r in results])
+    t = transcript(h)
+    prior = tuple(
+        Remind(
+            after=t.steps[n - 1].end,
+            text="r",
+            rule="repeat_reminder",
+            tool="read_file",
+            count=n,
+            limit=n,
+            fresh=False,
+            call=n - 1,
+        )
+        for n in (2, 4, 5)
+    )
+    ctx = Context(prior=prior)
+    g = Escalation(EscalationConfig())
+    whole = g(t, ctx)
+    assert [(a.position, a.count) for a in whole] == [(h.result_position(6), 2)]
+    for step in t.steps:
+        state = g.begin()
+        first = g.advance(state, t, ctx, step.position)
+        assert first + g.advance(state.copy(), t, ctx, t.message_count) == whole

@@ -387,3 +387,47 @@ def test_decide_request_rewrites_the_tripping_result() -> None:
     sent = orjson.loads(d.body)["messages"]
     assert sent[:-1] == h.messages[:-1]
     assert sent[-1]["content"].startswith("[loopguard] The result of this call is withheld: this is call 6")
+
+
+# --- resuming from a kept state (issue 15) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build_history", "denied"),
+    [
+        (lambda: History().steps([*writes(5), ("bash", {"command": "python fix.py"}, "NameError: x")]), [6]),
+        (lambda: History().steps(reads("a", "a", "a")).user().steps(reads("a", "a", "a", "a")), [3, 6, 7]),
+        (lambda: History().steps(reads(*"abcdefgh", result=FAIL)), [6, 7, 8]),
+    ],
+    ids=["same_target", "same_call_per_turn", "failures"],
+)
+def test_a_state_advanced_in_two_parts_withholds_what_the_whole_run_does(
+    build_history: Any, denied: list[int]
+) -> None:
+    h = build_history()
+    t = parse_request({"messages": h.messages})
+    g = guard()
+    whole = g(t, None)
+    assert withheld(h, whole) == denied  # type: ignore[arg-type]
+    for step in t.steps:  # cut at every step's assistant message
+        state = g.begin()
+        first = g.advance(state, t, None, step.position)
+        kept = state.copy()
+        assert first + g.advance(state, t, None, t.message_count) == whole
+        assert g.ledger(t) == guard().ledger(t)  # kept by the advance to the end
+        assert first + g.advance(kept, t, None, t.message_count) == whole  # the copy is independent
+
+
+def test_ledger_after_a_resumed_evaluation_equals_a_fresh_replay() -> None:
+    h = History().steps([*writes(6), *reads("a", "a", "a", result=FAIL)])
+    t = parse_request({"messages": h.messages})
+    g = guard()
+    state = g.begin()
+    g.advance(state, t, None, t.steps[-1].position)
+    g.advance(state.copy(), t, None, t.message_count)
+    ledger = g.ledger(t)
+    assert ledger == g.replay([c for c in t.calls if c.turn == ledger.turn], ledger.turn)
+    assert [(trip.index, trip.call.call_id, trip.reason) for trip in ledger.trips] == [
+        (6, "c6", "same_target"),
+        (9, "c9", "same_call"),
+    ]

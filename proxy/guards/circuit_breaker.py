@@ -46,15 +46,14 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Sequence
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EpochCounter, Situations
 from proxy.ops.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge, same_result
-from proxy.transcript import ToolCall, ToolResult, Transcript
+from proxy.transcript import ToolResult, Transcript
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
@@ -99,48 +98,58 @@ class CircuitBreaker:
             return self._only.matches(name)
         return not self._exempt.matches(name)
 
+    def begin(self) -> BreakerState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        epochs = self._situations.epoch_counter() if self._cfg.progress_aware else None
+        judge = RepeatJudge(self._situations.masks, epochs) if epochs is not None else None
+        return BreakerState(judge, epochs)
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: BreakerState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the withholds decided for them."""
         cfg = self._cfg
         cap = cfg.max_calls_per_agent
-        window: deque[tuple[str, str] | None] = deque()
-        in_window: Counter[tuple[str, str]] = Counter()
-        seen: Counter[tuple[str, str]] = Counter()
-        guarded = 0
-        executed = 0
-        judge = None
-        guarded_calls: Sequence[ToolCall] = [c for c in transcript.calls if self.guarded(c.name)]
-        if len(guarded_calls) == len(transcript.calls):
-            guarded_calls = transcript.calls  # the same object: the epochs of the request are reused
-        if cfg.progress_aware:  # unguarded calls are ignored entirely: they change no situation
-            judge = RepeatJudge(self._situations.masks, self._situations.epochs(guarded_calls))
         keep_sole = not cfg.ignore_sole_args
-        distinct: dict[tuple[str, str], deque[ToolResult]] = {}  # each key's last different results
         masks = self._situations.masks
+        s = state
+        judge, in_window, seen, distinct = s.judge, s.in_window, s.seen, s.distinct
         actions: list[Action] = []
-        for index, call in enumerate(guarded_calls):
+        calls = transcript.calls
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            if not self.guarded(call.name):  # unguarded calls are ignored entirely: no situation
+                continue
             key = (
                 call.name,
                 canonical_arguments(call.arguments, call.arguments_raw, self._ignore, keep_sole),
             )
-            guarded += 1
+            index = s.guarded
+            s.guarded += 1
+            if judge is not None and s.epochs is not None:
+                s.epochs.add(call)
             # progress: the key was seen before, but the result is new or the situation changed
             # in between (a first call never is)
             progress = judge is not None and not judge.repeats(key, call.result, index) and key in seen
             if judge is not None and call.result is not None and not call.result.pending:
-                kept = distinct.setdefault(key, deque(maxlen=NOVEL_AMONG))
+                kept = distinct.get(key, ())
                 if not any(same_result(r, call.result, masks) for r in kept):
-                    kept.append(call.result)
+                    distinct[key] = (*kept, call.result)[-NOVEL_AMONG:]
                     if progress and in_window[key]:  # a result never seen: the count starts again
-                        window = deque(None if k == key else k for k in window)
+                        s.window = deque(None if k == key else k for k in s.window)
                         in_window[key] = 0
             if not progress:
                 seen[key] += 1
-            if cap and executed >= cap:
-                kind, count, limit = CAP, guarded, cap
+            if cap and s.executed >= cap:
+                kind, count, limit = CAP, s.guarded, cap
             elif not progress and in_window[key] >= cfg.duplicate_limit:
                 kind, count, limit = DUPLICATE, seen[key], cfg.duplicate_limit
             else:
-                executed += 1
+                s.executed += 1
+                window = s.window
                 window.append(None if progress else key)  # a progress call takes a slot, uncounted
                 if not progress:
                     in_window[key] += 1
@@ -164,3 +173,46 @@ class CircuitBreaker:
                 )
             )
         return actions
+
+
+class BreakerState:
+    """What :class:`CircuitBreaker` has read: the next call (``next``, an index into
+    ``transcript.calls``), the guarded calls read (``guarded``) and those executed
+    (``executed``), the ``window`` of executed keys (None: a progress call's slot) with their
+    counts (``in_window``), the non-progress calls per key (``seen``), each key's last different
+    results (``distinct``, at most :data:`NOVEL_AMONG`, oldest first; tuples, so a copy shares
+    them) and, progress-aware, the judge with its situation counter. Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = (
+        "distinct",
+        "epochs",
+        "executed",
+        "guarded",
+        "in_window",
+        "judge",
+        "next",
+        "seen",
+        "window",
+    )
+
+    def __init__(self, judge: RepeatJudge | None, epochs: EpochCounter | None) -> None:
+        self.judge = judge
+        self.epochs = epochs
+        self.next = 0
+        self.guarded = 0
+        self.executed = 0
+        self.window: deque[tuple[str, str] | None] = deque()
+        self.in_window: Counter[tuple[str, str]] = Counter()
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.distinct: dict[tuple[str, str], tuple[ToolResult, ...]] = {}
+
+    def copy(self) -> BreakerState:
+        epochs = self.epochs.copy() if self.epochs is not None else None
+        out = BreakerState(self.judge.copy(epochs) if self.judge is not None else None, epochs)
+        out.next, out.guarded, out.executed = self.next, self.guarded, self.executed
+        out.window = deque(self.window)
+        out.in_window = Counter(self.in_window)
+        out.seen = Counter(self.seen)
+        out.distinct = dict(self.distinct)
+        return out

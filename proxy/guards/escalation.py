@@ -37,15 +37,15 @@ from __future__ import annotations
 
 import bisect
 import difflib
-from collections import defaultdict
 from collections.abc import Sequence
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.effects import Situations
-from proxy.guards.turns import known, memoized, turns
+from proxy.episodes import EpisodeCounter
+from proxy.guards.turns import known, memoized
 from proxy.ops.config import EscalationConfig
-from proxy.progress import same_result
+from proxy.progress import Masks, same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
 
@@ -100,68 +100,63 @@ class Escalation:
         """What ``call`` is on (memoized per tool and arguments string)."""
         return memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
 
+    def begin(self) -> EscalationState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        return EscalationState(self._situations.episode_counter())
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: EscalationState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the withholds decided for them. ``ctx.prior``: every action
+        decided before this guard for the whole transcript; only the reminders about calls not
+        read yet are taken from it (those about a call are registered when the call is read: the
+        ones that count for a call are about earlier calls)."""
         prior = getattr(ctx, "prior", ())
         calls = transcript.calls
-        group = self._situations.episodes(transcript)
-        # (episode, on) -> sorted positions of the reminders about calls on it
-        places: dict[tuple[int, tuple[str, str | None]], set[int]] = defaultdict(set)
+        s = state
+        first = s.next
+        about: dict[int, list[int]] = {}  # call seq -> where the reminders about it are
         for action in prior:
             if (
                 isinstance(action, Remind)
                 and action.call is not None
                 and action.rule != RULE
-                and 0 <= action.call < len(calls)
+                and first <= action.call < len(calls)
             ):
-                about = calls[action.call]
-                places[(group[about.seq], self.on(about))].add(action.after)
-        if not places:
-            return []
-        reminded = {key: sorted(v) for key, v in places.items()}
-        reminded_in = {episode for episode, _ in reminded}
-        actions: list[Action] = []
-        for episode_calls in turns(calls, group):
-            if group[episode_calls[0].seq] in reminded_in:
-                actions.extend(self._turn(transcript, episode_calls, reminded, group))
-        return actions
-
-    def _turn(
-        self,
-        transcript: Transcript,
-        calls: Sequence[ToolCall],
-        reminded: dict[tuple[int, tuple[str, str | None]], list[int]],
-        group: Sequence[int],
-    ) -> list[Action]:
+                about.setdefault(action.call, []).append(action.after)
         masks = self._situations.masks
-        results: dict[tuple[str, str | None], list[ToolResult]] = defaultdict(list)
-        last_stale: dict[tuple[str, str | None], ToolCall | None] = {}  # the last call on it, if stale
-        moved: dict[tuple[str, str | None], int] = {}  # where its last new result is
         actions: list[Action] = []
-        for call in calls:
-            on = self.on(call)
-            seen = results[on]
-            positions = reminded.get((group[call.seq], on))
-            if positions is None:  # never reminded about: only its results are needed later
-                if known(call.result):
-                    assert call.result is not None
-                    seen.append(call.result)
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            episode = s.episodes.of(transcript, call.position)
+            if episode != s.episode:  # a new episode starts from the bottom of the ladder
+                s.episode, s.start, s.tracks = episode, call.seq, {}
+            afters = about.get(call.seq)
+            if afters is None and not s.tracks:  # nothing reminded about in the episode yet
                 continue
-            if known(call.result):
-                assert call.result is not None
-                stale = any(same_result(r, call.result, masks) for r in seen)
-                seen.append(call.result)
-            else:
-                previous = last_stale.get(on)
-                stale = previous is not None and similar(previous, call)
-            last_stale[on] = call if stale else None
-            if not stale and call.result is not None:
-                moved[on] = call.result.position
+            on = self.on(call)
+            track = s.tracks.get(on)
+            if track is None:
+                if afters is None:  # never reminded about (yet): judged from its first reminder
+                    continue
+                # the first reminder on it: judge the episode's calls on it before this one
+                track = s.tracks[on] = Track()
+                for seq in range(s.start, call.seq):
+                    if self.on(calls[seq]) == on:
+                        self._judge(track, calls[seq], calls, masks)
+            for after in afters or ():
+                i = bisect.bisect_left(track.places, after)
+                if i == len(track.places) or track.places[i] != after:  # once per place
+                    track.places.insert(i, after)
+            stale = self._judge(track, call, calls, masks)
             if not stale or call.result is None:
                 continue
             # reminders read before it, and after the last new result on it (progress)
-            count = bisect.bisect_left(positions, call.position) - bisect.bisect_left(
-                positions, moved.get(on, -1)
-            )
+            positions = track.places
+            count = bisect.bisect_left(positions, call.position) - bisect.bisect_left(positions, track.moved)
             if count < self._cfg.after_reminders:
                 continue
             tool, target = on
@@ -181,3 +176,62 @@ class Escalation:
                 )
             )
         return actions
+
+    @staticmethod
+    def _judge(track: Track, call: ToolCall, calls: Sequence[ToolCall], masks: Masks) -> bool:
+        """Whether ``call`` got nothing new on its target (``track``), updating the track."""
+        if known(call.result):
+            assert call.result is not None
+            stale = any(same_result(r, call.result, masks) for r in track.results)
+            track.results.append(call.result)
+        else:
+            stale = track.last_stale is not None and similar(calls[track.last_stale], call)
+        track.last_stale = call.seq if stale else None
+        if not stale and call.result is not None:
+            track.moved = call.result.position
+        return stale
+
+
+class Track:
+    """What one episode has of the calls on one tool and target that were reminded about:
+    ``places`` (sorted, once each) of the reminders about them read so far, their known
+    ``results`` in order, ``last_stale`` the last call's ``seq`` when it got nothing new, and
+    ``moved`` the position of the last new result (-1: none)."""
+
+    __slots__ = ("last_stale", "moved", "places", "results")
+
+    def __init__(self) -> None:
+        self.places: list[int] = []
+        self.results: list[ToolResult] = []
+        self.last_stale: int | None = None
+        self.moved = -1
+
+    def copy(self) -> Track:
+        out = Track()
+        out.places, out.results = list(self.places), list(self.results)
+        out.last_stale, out.moved = self.last_stale, self.moved
+        return out
+
+
+class EscalationState:
+    """What :class:`Escalation` has read: the next call (``next``, an index into
+    ``transcript.calls``), the episode counter, the current ``episode``, the ``seq`` of its
+    first call (``start``) and a :class:`Track` per tool and target reminded about in it
+    (``tracks``; a target is tracked from its first reminder, its earlier calls in the episode
+    read again then; earlier episodes are never read again). Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = ("episode", "episodes", "next", "start", "tracks")
+
+    def __init__(self, episodes: EpisodeCounter) -> None:
+        self.episodes = episodes
+        self.next = 0
+        self.episode = -1
+        self.start = 0
+        self.tracks: dict[tuple[str, str | None], Track] = {}
+
+    def copy(self) -> EscalationState:
+        out = EscalationState(self.episodes.copy())
+        out.next, out.episode, out.start = self.next, self.episode, self.start
+        out.tracks = {on: t.copy() for on, t in self.tracks.items()}
+        return out

@@ -46,8 +46,7 @@ from typing import Any
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
-from proxy.facts import annotate
+from proxy.effects import EpochCounter, Situations
 from proxy.failures import FailureRule
 from proxy.guards.repeat_reminder import preview
 from proxy.ops.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
@@ -194,55 +193,9 @@ class TurnGuard:
 
     def replay(self, calls: Sequence[ToolCall], turn: int) -> TurnLedger:
         """The ledger of one turn's ``calls`` (in order)."""
-        cfg = self._cfg
-        same_call: Counter[tuple[str, str]] = Counter()
-        call_targets: dict[tuple[str, str], str | None] = {}
-        on: Counter[str] = Counter()  # calls per target key, command words included
-        paths: set[str] = set()  # plain (non-command) targets of the turn so far
-        run, step, flags = 0, -1, []
-        trips: list[Trip] = []
-        judge = None
-        if cfg.progress_aware:
-            judge = RepeatJudge(self._situations.masks, self._situations.epochs(calls))
-        for index, facts in enumerate(annotate(calls, self._targets, self._failures), 1):
-            call, target = facts.call, facts.target
-            if call.step != step:
-                run, step, flags = _fold(run, flags), call.step, []
-            flags.append(facts.failed)
-            key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
-            # progress (seen before, new result) does not count as the same call again
-            counted = judge is None or judge.repeats(key, call.result, index - 1) or key not in same_call
-            if counted:
-                same_call[key] += 1
-            t_key, t_count = None, 0
-            if target is not None:
-                mine = target.value if target.is_command else path_key(target.value)
-                call_targets.setdefault(key, mine)
-                words = target.words
-                for k in words | {mine}:
-                    on[k] += 1
-                if not target.is_command:
-                    paths.add(mine)
-                t_key, t_count = mine, on[mine]
-                for w in words:
-                    if w in paths and on[w] > t_count:
-                        t_key, t_count = w, on[w]
-            else:
-                call_targets.setdefault(key, None)
-            if cfg.max_same_call and counted and same_call[key] >= cfg.max_same_call:
-                reason, count, limit = SAME_CALL, same_call[key], cfg.max_same_call
-            elif cfg.max_same_target and t_count >= cfg.max_same_target:
-                reason, count, limit = SAME_TARGET, t_count, cfg.max_same_target
-            elif cfg.max_failures and run >= cfg.max_failures:
-                reason, count, limit = FAILURES, run, cfg.max_failures
-            elif cfg.max_calls_per_turn and index > cfg.max_calls_per_turn:
-                reason, count, limit = TURN_CALLS, index, cfg.max_calls_per_turn
-            else:
-                continue
-            muted = cfg.mute_after_trip and bool(trips)
-            trips.append(Trip(index, call, reason, count, limit, t_key, muted))
-        targets = Counter({t: on[t] for t in call_targets.values() if t is not None})
-        return TurnLedger(turn, len(calls), same_call, call_targets, targets, _fold(run, flags), tuple(trips))
+        t = self._open(turn)
+        trips = [trip for call in calls if (trip := self._read(t, call)) is not None]
+        return t.ledger(trips)
 
     def ledger(self, transcript: Transcript) -> TurnLedger:
         """The ledger of the current turn (the one after the last user message)."""
@@ -253,37 +206,200 @@ class TurnGuard:
         calls = [c for c in transcript.calls if c.turn == turn]
         return self.replay(calls, turn)
 
+    def begin(self) -> TurnGuardState:
+        """The state before any call (:mod:`proxy.guards.resume`)."""
+        return TurnGuardState(self._open(0))
+
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        return self.advance(self.begin(), transcript, ctx, transcript.message_count)
+
+    def advance(self, state: TurnGuardState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
+        """Read the calls before message position ``upto`` that ``state`` has not read
+        (:mod:`proxy.guards.resume`); the withholds decided for them. An advance to the end of
+        ``transcript`` keeps its current turn's ledger for :meth:`ledger`."""
         actions: list[Action] = []
         calls = transcript.calls
-        current = len(transcript.user_positions)
-        last = TurnLedger(current, 0, Counter(), {}, Counter(), 0, ())
-        i = 0
-        while i < len(calls):
-            j = i
-            while j < len(calls) and calls[j].turn == calls[i].turn:
-                j += 1
-            ledger = self.replay(calls[i:j], calls[i].turn)
-            if ledger.turn == current:
-                last = ledger
-            for trip in ledger.trips:
-                call = trip.call
-                if call.result is None:
-                    continue
-                actions.append(
-                    Withhold(
-                        position=call.result.position,
-                        part=call.result.part,
-                        call_id=call.call_id,
-                        text=trip.text(),
-                        rule=RULE,
-                        tool=call.name,
-                        count=trip.count,
-                        limit=trip.limit,
-                        fresh=transcript.is_fresh(call.step),
-                        reason=trip.reason,
-                    )
+        s = state
+        while s.next < len(calls) and calls[s.next].position < upto:
+            call = calls[s.next]
+            s.next += 1
+            if call.turn != s.turn.turn:  # every turn starts a fresh ledger
+                s.turn = self._open(call.turn)
+            trip = self._read(s.turn, call)
+            if trip is None or call.result is None:
+                continue
+            actions.append(
+                Withhold(
+                    position=call.result.position,
+                    part=call.result.part,
+                    call_id=call.call_id,
+                    text=trip.text(),
+                    rule=RULE,
+                    tool=call.name,
+                    count=trip.count,
+                    limit=trip.limit,
+                    fresh=transcript.is_fresh(call.step),
+                    reason=trip.reason,
                 )
-            i = j
-        self._memo = (transcript, last)
+            )
+        if upto >= transcript.message_count:
+            current = len(transcript.user_positions)
+            if s.turn.turn == current and s.next == len(calls):
+                last = s.turn.ledger([trip.call(calls) for trip in s.turn.trips])
+            else:
+                last = TurnLedger(current, 0, Counter(), {}, Counter(), 0, ())
+            self._memo = (transcript, last)
         return actions
+
+    def _open(self, turn: int) -> TurnState:
+        """A fresh ledger for ``turn``."""
+        epochs = self._situations.epoch_counter() if self._cfg.progress_aware else None
+        judge = RepeatJudge(self._situations.masks, epochs) if epochs is not None else None
+        return TurnState(turn, judge, epochs)
+
+    def _read(self, t: TurnState, call: ToolCall) -> Trip | None:
+        """Count ``call``, the next of ``t``'s turn; its trip, if it trips (kept in ``t``)."""
+        cfg = self._cfg
+        target = self._targets(call.name, call.arguments)
+        failed = self._failures(call.result) if self._failures is not None else None
+        t.calls += 1
+        index = t.calls
+        if call.step != t.step:
+            t.run, t.step, t.flags = _fold(t.run, t.flags), call.step, []
+        t.flags.append(failed)
+        same_call = t.same_call
+        key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
+        # progress (seen before, new result) does not count as the same call again
+        counted = True
+        if t.judge is not None and t.epochs is not None:
+            t.epochs.add(call)
+            counted = t.judge.repeats(key, call.result, index - 1) or key not in same_call
+        if counted:
+            same_call[key] += 1
+        t_key, t_count = None, 0
+        on = t.on
+        if target is not None:
+            mine = target.value if target.is_command else path_key(target.value)
+            t.call_targets.setdefault(key, mine)
+            words = target.words
+            for k in words | {mine}:
+                on[k] += 1
+            if not target.is_command:
+                t.paths.add(mine)
+            t_key, t_count = mine, on[mine]
+            for w in words:
+                if w in t.paths and on[w] > t_count:
+                    t_key, t_count = w, on[w]
+        else:
+            t.call_targets.setdefault(key, None)
+        if cfg.max_same_call and counted and same_call[key] >= cfg.max_same_call:
+            reason, count, limit = SAME_CALL, same_call[key], cfg.max_same_call
+        elif cfg.max_same_target and t_count >= cfg.max_same_target:
+            reason, count, limit = SAME_TARGET, t_count, cfg.max_same_target
+        elif cfg.max_failures and t.run >= cfg.max_failures:
+            reason, count, limit = FAILURES, t.run, cfg.max_failures
+        elif cfg.max_calls_per_turn and index > cfg.max_calls_per_turn:
+            reason, count, limit = TURN_CALLS, index, cfg.max_calls_per_turn
+        else:
+            return None
+        muted = cfg.mute_after_trip and bool(t.trips)
+        t.trips.append(Tripped(index, call.seq, reason, count, limit, t_key, muted))
+        return Trip(index, call, reason, count, limit, t_key, muted)
+
+
+@dataclass(frozen=True, slots=True)
+class Tripped:
+    """A :class:`Trip` as a state keeps it: the call by its ``seq``."""
+
+    index: int
+    seq: int
+    reason: str
+    count: int
+    limit: int
+    target: str | None
+    muted: bool
+
+    def call(self, calls: Sequence[ToolCall]) -> Trip:
+        """The trip, its call found in ``calls`` (the transcript's, by ``seq``)."""
+        return Trip(self.index, calls[self.seq], self.reason, self.count, self.limit, self.target, self.muted)
+
+
+class TurnState:
+    """One turn's ledger while it is read: ``turn``, the ``calls`` counted, the counts per
+    canonical call (``same_call``, with each call's target in ``call_targets``) and per target
+    (``on``, command words included), the plain targets so far (``paths``), the failure ``run``
+    before the current ``step`` and that step's failure ``flags``, the trips so far
+    (``trips``, :class:`Tripped`) and, progress-aware, the judge with its situation counter.
+    Mutable; :meth:`copy` is independent."""
+
+    __slots__ = (
+        "call_targets",
+        "calls",
+        "epochs",
+        "flags",
+        "judge",
+        "on",
+        "paths",
+        "run",
+        "same_call",
+        "step",
+        "trips",
+        "turn",
+    )
+
+    def __init__(self, turn: int, judge: RepeatJudge | None, epochs: EpochCounter | None) -> None:
+        self.turn = turn
+        self.judge = judge
+        self.epochs = epochs
+        self.calls = 0
+        self.same_call: Counter[tuple[str, str]] = Counter()
+        self.call_targets: dict[tuple[str, str], str | None] = {}
+        self.on: Counter[str] = Counter()
+        self.paths: set[str] = set()
+        self.run = 0
+        self.step = -1
+        self.flags: list[bool | None] = []
+        self.trips: list[Tripped] = []
+
+    def copy(self) -> TurnState:
+        epochs = self.epochs.copy() if self.epochs is not None else None
+        out = TurnState(self.turn, self.judge.copy(epochs) if self.judge is not None else None, epochs)
+        out.calls, out.run, out.step = self.calls, self.run, self.step
+        out.same_call = Counter(self.same_call)
+        out.call_targets = dict(self.call_targets)
+        out.on = Counter(self.on)
+        out.paths = set(self.paths)
+        out.flags = list(self.flags)
+        out.trips = list(self.trips)
+        return out
+
+    def ledger(self, trips: Sequence[Trip]) -> TurnLedger:
+        """The :class:`TurnLedger` so far, with ``trips`` (these trips, their calls resolved);
+        its containers are copies."""
+        targets = Counter({t: self.on[t] for t in self.call_targets.values() if t is not None})
+        return TurnLedger(
+            self.turn,
+            self.calls,
+            Counter(self.same_call),
+            dict(self.call_targets),
+            targets,
+            _fold(self.run, self.flags),
+            tuple(trips),
+        )
+
+
+class TurnGuardState:
+    """What :class:`TurnGuard` has read: the next call (``next``, an index into
+    ``transcript.calls``) and the ledger of the turn of the last call read (``turn``; earlier
+    turns are never read again). Mutable; :meth:`copy` is independent."""
+
+    __slots__ = ("next", "turn")
+
+    def __init__(self, turn: TurnState) -> None:
+        self.next = 0
+        self.turn = turn
+
+    def copy(self) -> TurnGuardState:
+        out = TurnGuardState(self.turn.copy())
+        out.next = self.next
+        return out
