@@ -185,7 +185,7 @@ class Fold(FoldState):
             self._slot(pos, slot, msg)
 
     def _slot(self, pos: int, slot: Slot, msg: dict[str, Any]) -> None:
-        calls, steps, pending = self.calls, self.steps, self.pending
+        calls, steps = self.calls, self.steps
         content = msg.get("content")
         if slot.kind == "assistant":
             text = content_text(content)
@@ -196,49 +196,28 @@ class Fold(FoldState):
             if not uses:
                 self.last_kind = "assistant"
                 return
-            step = {"index": len(steps), "position": pos, "calls": [], "end": None}
-            steps.append(step)
+            self.new_step(pos)
             for use in uses:
                 cid = use.get("id")
                 cid = cid if isinstance(cid, str) else None
                 name = use.get("name")
-                seq = len(calls)
-                calls.append(
-                    {
-                        "seq": seq,
-                        "step": step["index"],
-                        "turn": self.turn,
-                        "position": pos,
-                        "call_id": cid,
-                        "name": name if isinstance(name, str) else "",
-                        "arguments_raw": use.get("input"),
-                        "arguments": parse_arguments(use.get("input")),
-                        "result": None,
-                    }
-                )
-                step["calls"].append(seq)
-                pending[cid].append(seq)
+                name = name if isinstance(name, str) else ""
+                self.new_call(cid, name, use.get("input"), parse_arguments(use.get("input")), pos)
             self.last_kind = "step"
         elif slot.kind == "result":
             assert slot.block is not None
             block = content[slot.block]
             cid = block.get("tool_use_id")
             cid = cid if isinstance(cid, str) else None
-            queue = pending.get(cid)
-            seq = None
-            if queue:
-                seq = queue.popleft()
-            elif steps and cid is None:  # no id: the oldest waiting call of the latest step
+            seq = self.take(cid)
+            if seq is None and steps and cid is None:  # no id: the oldest waiting call of the latest step
                 for s in steps[-1]["calls"]:
-                    if calls[s]["result"] is None:
-                        seq = s
-                        pending[calls[s]["call_id"]].remove(s)
+                    if self.waiting(s):
+                        seq = self.take(calls[s]["call_id"], s)
                         break
             if seq is not None:
                 flag = True if block.get("is_error") is True else None
-                calls[seq]["result"] = ToolResult(pos, content_text(block.get("content")), flag)
-                step = steps[calls[seq]["step"]]
-                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+                self.settle(seq, ToolResult(pos, content_text(block.get("content")), flag))
             if self.last_kind != "step":
                 self.last_kind = "other"
         elif slot.kind == "user":
