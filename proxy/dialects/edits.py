@@ -104,6 +104,25 @@ def apply(
         if start is None or raw[start : start + 1] != b"[":
             return None
         spans = jsonbody.items(raw, start, listed)
+    planned = _plan(raw, actions, listed, wire, spans)
+    return jsonbody.splice(raw, [e for _, e in planned]) if planned else None
+
+
+def _position(action: Action) -> int | None:
+    """The item an action edits (a withhold's ``position``, a reminder's ``after``), else None."""
+    if isinstance(action, Withhold):
+        return action.position
+    if isinstance(action, Remind):
+        return action.after
+    return None
+
+
+def _plan(
+    raw: bytes, actions: Sequence[Action], listed: Any, wire: Wire, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, Edit]]:
+    """The edits :func:`apply` makes, each with the position of the item it belongs to (an edit
+    of item ``p`` lies inside it or at its end). Positions are independent: the edits of one
+    depend only on the actions on it and its bytes."""
     withheld: dict[int, str] = {}
     for a in actions:
         if isinstance(a, Withhold) and 0 <= a.position < len(spans) and a.position not in withheld:
@@ -113,9 +132,9 @@ def apply(
         if isinstance(a, Remind) and 0 <= a.after < len(spans):
             grouped.setdefault(a.after, []).append(a)
     if not withheld and not grouped:
-        return None
+        return []
     suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
-    out: list[Edit] = []
+    out: list[tuple[int, Edit]] = []
     for pos in sorted(withheld.keys() | suffix.keys()):
         item_start = spans[pos][0]
         fields = jsonbody.members(raw, item_start, listed[pos] if isinstance(listed, list) else None)
@@ -123,14 +142,88 @@ def apply(
         member = wire.result_member(kind)
         if pos in withheld:
             text = "\n\n".join(t for t in (withheld[pos], suffix.get(pos, "")) if t)
-            out.append(replace_member(fields, item_start, member, text))
+            out.append((pos, replace_member(fields, item_start, member, text)))
         else:
-            out.append(append_text(raw, fields, item_start, member, wire.text_part(kind, suffix[pos])))
+            out.append((pos, append_text(raw, fields, item_start, member, wire.text_part(kind, suffix[pos]))))
     for after, group in grouped.items():
         if after not in suffix:
             end = spans[after][1]
-            out.append((end, end, b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))))
-    return jsonbody.splice(raw, out)
+            reminder = b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))
+            out.append((after, (end, end, reminder)))
+    return out
+
+
+#: Bytes a kept edit counts beyond its replacement bytes (:attr:`Kept.size`).
+EDIT_BYTES = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The edits one request made for its actions on the items before ``cut`` (a position), kept
+    for the next request of its conversation (issue 15, :mod:`proxy.request.prefix_cache`).
+    ``actions``: those actions (withholds and reminders at ``0 <= position < cut``), in order.
+    ``edits``: (position, start, end, replacement), offsets relative to the first item's start
+    byte. Valid for a request whose history has the same bytes through item ``cut - 1``."""
+
+    cut: int
+    actions: tuple[Action, ...]
+    edits: tuple[tuple[int, int, int, bytes], ...]
+
+    @property
+    def size(self) -> int:
+        """What it counts against the prefix cache's budget (bytes, an estimate)."""
+        return sum(EDIT_BYTES + len(e[3]) for e in self.edits) + EDIT_BYTES * len(self.actions)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What :func:`apply_kept` did: ``body`` (None: no action applies), ``kept`` (what the next
+    request may reuse; None: no cut) and ``reused`` (the edits of ``kept`` given were reused)."""
+
+    body: bytes | None
+    kept: Kept | None
+    reused: bool = False
+
+
+def _before(actions: Sequence[Action], cut: int) -> tuple[Action, ...]:
+    out: list[Action] = []
+    for a in actions:
+        pos = _position(a)
+        if pos is not None and 0 <= pos < cut:
+            out.append(a)
+    return tuple(out)
+
+
+def apply_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    wire: Wire,
+    spans: Sequence[tuple[int, int]],
+    kept: Kept | None,
+    cut: int | None,
+) -> Applied:
+    """:func:`apply` for a request whose items' ``spans`` are known, reusing the edits ``kept``
+    by the previous request of its conversation when its actions before ``kept.cut`` are the
+    same ones (then only the actions at or after that cut are written anew); anything else is a
+    full :func:`apply`. Gives the same bytes either way. ``kept``: the caller's promise is that
+    this history's bytes through item ``kept.cut - 1`` are the previous request's (a prefix
+    cache hit). ``cut``: where this request's kept edits end (None: keep none)."""
+    listed = body.get(wire.items) if isinstance(body, dict) else None
+    base = spans[0][0] if spans else 0
+    reused: list[tuple[int, Edit]] = []
+    rest: Sequence[Action] = actions
+    hit = kept is not None and kept.cut <= len(spans) and _before(actions, kept.cut) == kept.actions
+    if hit and kept is not None:
+        reused = [(p, (s + base, e + base, b)) for p, s, e, b in kept.edits]
+        rest = [a for a in actions if (pos := _position(a)) is not None and pos >= kept.cut]
+    planned = reused + _plan(raw, rest, listed, wire, spans)
+    out = jsonbody.splice(raw, [e for _, e in planned]) if planned else None
+    mine = None
+    if cut is not None:
+        edits = tuple((p, s - base, e - base, b) for p, (s, e, b) in planned if p < cut)
+        mine = Kept(cut, _before(actions, cut), edits)
+    return Applied(out, mine, hit)
 
 
 def whole_results(

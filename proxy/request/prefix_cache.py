@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.actions import Action
 from proxy.dialects import Dialect, jsonbody, text_calls
+from proxy.guards.resume import cut
 from proxy.transcript import Transcript
 
 Span = tuple[int, int]
@@ -70,19 +73,24 @@ class Prefix:
     #: the guards' checkpoint of this history (:class:`proxy.guards.resume.Checkpoint`), once
     #: they have run over it (:meth:`PrefixCache.keep_checkpoint`)
     checkpoint: Any = None
+    #: the edits its request made before its cut (:class:`proxy.dialects.edits.Kept`), once
+    #: made (:meth:`PrefixCache.keep_edits`); counted in ``size``
+    edits: Any = None
 
 
 @dataclass(slots=True)
 class Stats:
     """Counters for ``/loop-guard/stats`` and ``/metrics``: ``hits`` (requests that resumed a
     kept prefix), ``misses`` (requests read in full with the cache on), ``evictions`` (entries
-    dropped for the budget), ``bytes`` and ``entries`` (kept now)."""
+    dropped for the budget), ``bytes`` and ``entries`` (kept now), ``edit_hits`` (requests that
+    reused the previous request's edits, :func:`apply_edits`)."""
 
     hits: int = 0
     misses: int = 0
     evictions: int = 0
     bytes: int = 0
     entries: int = 0
+    edit_hits: int = 0
 
 
 class PrefixCache:
@@ -113,6 +121,9 @@ class PrefixCache:
         if entry.size <= self.max_bytes:
             self._entries[(dialect, key)] = entry
             self.stats.bytes += entry.size
+        self._trim()
+
+    def _trim(self) -> None:
         while self.stats.bytes > self.max_bytes:
             _, dropped = self._entries.popitem(last=False)
             self.stats.bytes -= dropped.size
@@ -124,6 +135,22 @@ class PrefixCache:
         prefix (another request may have replaced it since)."""
         if checkpoint is not None and self._entries.get((dialect, key)) is entry:
             self._entries[(dialect, key)] = dataclasses.replace(entry, checkpoint=checkpoint)
+
+    def keep_edits(self, dialect: str, key: str, entry: Prefix, edits: Any) -> None:
+        """Attach the request's ``edits`` (:class:`proxy.dialects.edits.Kept`) to ``entry`` when
+        it is still the conversation's kept prefix (the entry its request put, or that entry with
+        its checkpoint attached: the same ``fold``), counting their bytes; dropped when the entry
+        would pass the budget alone."""
+        current = self._entries.get((dialect, key))
+        if edits is None or current is None or current.fold is not entry.fold:
+            return
+        old = current.edits.size if current.edits is not None else 0
+        size = current.size - old + edits.size
+        if size > self.max_bytes:
+            return
+        self._entries[(dialect, key)] = dataclasses.replace(current, edits=edits, size=size)
+        self.stats.bytes += size - current.size
+        self._trim()
 
     def clear(self) -> None:
         """Drop every entry (as a restart does; the counters stay)."""
@@ -140,6 +167,7 @@ class PrefixCache:
             "evictions": s.evictions,
             "bytes": s.bytes,
             "entries": s.entries,
+            "edit_hits": s.edit_hits,
             "max_bytes": self.max_bytes,
         }
 
@@ -165,6 +193,8 @@ class Read:
     spans: list[Span] | None = None
     checkpoint: Any = None
     entry: Prefix | None = None
+    #: the edits kept with the prefix it resumed from (:attr:`Prefix.edits`; None: a full read)
+    edits: Any = None
 
 
 def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None) -> Read:
@@ -193,6 +223,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     kept = cache.get(dialect.PATH_SUFFIX, key)
     fold: Any = None
     checkpoint: Any = None
+    kept_edits: Any = None
     spans: list[Span] | None = None
     if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
         n = len(kept.spans)
@@ -201,6 +232,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
             spans = [(start + s, start + e) for s, e in kept.spans] + tail
             fold = kept.fold.copy()
             checkpoint = kept.checkpoint
+            kept_edits = kept.edits
             for pos in range(n, len(listed)):
                 fold.feed(pos, listed[pos])
     if fold is None:
@@ -222,4 +254,31 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
         size = entry_size(last - start, len(fold.calls), len(spans))
         entry = Prefix(raw[start:last], tuple((s - start, e - start) for s, e in spans), fold, size, offered)
         cache.put(dialect.PATH_SUFFIX, key, entry)
-    return Read(transcript, spans, checkpoint, entry)
+    return Read(transcript, spans, checkpoint, entry, kept_edits)
+
+
+def apply_edits(
+    cache: PrefixCache | None,
+    dialect: Dialect,
+    key: str,
+    found: Read,
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+) -> bytes | None:
+    """``dialect.apply(raw, actions, body, found.spans)``, reusing the edits the previous request
+    of the conversation made before its cut when ``found`` resumed from it (the history's bytes
+    through that cut are then the same: :func:`proxy.dialects.edits.apply_kept`), and keeping this
+    request's edits before its own cut (:func:`proxy.guards.resume.cut`) with ``found.entry``.
+    The same bytes either way. A dialect without ``apply_kept`` (Messages), a read that kept
+    nothing or found no spans is a plain ``apply``."""
+    kept_apply = getattr(dialect, "apply_kept", None)
+    if cache is None or found.entry is None or found.spans is None or kept_apply is None:
+        if found.spans is not None:
+            return dialect.apply(raw, actions, body, found.spans)
+        return dialect.apply(raw, actions, body)
+    done = kept_apply(raw, actions, body, found.spans, found.edits, cut(found.transcript))
+    if done.reused:
+        cache.stats.edit_hits += 1
+    cache.keep_edits(dialect.PATH_SUFFIX, key, found.entry, done.kept)
+    return done.body  # type: ignore[no-any-return]

@@ -121,7 +121,7 @@ def decide_request(
         found = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
-    transcript, spans = found.transcript, found.spans
+    transcript = found.transcript
     state = state_for(key) if state_for is not None else None
     ctx = Context(conversation=key, now_ms=now_ms, state=state)
     try:
@@ -133,12 +133,8 @@ def decide_request(
         prefixes.keep_checkpoint(dialect.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     out = None
-    if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
-        out = (
-            dialect.apply(raw, enforced, body, spans)
-            if spans is not None
-            else dialect.apply(raw, enforced, body)
-        )
+    if enforced:  # reusing the previous request's edits when the prefix cache kept them
+        out = prefix_cache.apply_edits(prefixes, dialect, key, found, raw, enforced, body)
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript, checkpoint=checkpoint)
     return RequestDecision(out, actions, True, key, model, stream, transcript, checkpoint=checkpoint)
@@ -174,7 +170,7 @@ def _decide_responses(
             found = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
         else:
             found = prefix_cache.Read(openai_responses.parse_request(full))
-        transcript, spans = found.transcript, found.spans
+        transcript = found.transcript
     except DialectError:
         key = conversation_key(headers, body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
@@ -189,7 +185,10 @@ def _decide_responses(
         prefixes.keep_checkpoint(openai_responses.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     if entry is None:
-        out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
+        dialect: Any = openai_responses
+        out = (
+            prefix_cache.apply_edits(prefixes, dialect, key, found, raw, enforced, body) if enforced else None
+        )
     else:
         out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
     changed = out is not None
