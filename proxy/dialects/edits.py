@@ -108,15 +108,6 @@ def apply(
     return jsonbody.splice(raw, [e for _, e in planned]) if planned else None
 
 
-def _position(action: Action) -> int | None:
-    """The item an action edits (a withhold's ``position``, a reminder's ``after``), else None."""
-    if isinstance(action, Withhold):
-        return action.position
-    if isinstance(action, Remind):
-        return action.after
-    return None
-
-
 def _plan(
     raw: bytes, actions: Sequence[Action], listed: Any, wire: Wire, spans: Sequence[tuple[int, int]]
 ) -> list[tuple[int, Edit]]:
@@ -162,17 +153,21 @@ class Kept:
     """The edits one request made for its actions on the items before ``cut`` (a position), kept
     for the next request of its conversation (issue 15, :mod:`proxy.request.prefix_cache`).
     ``actions``: those actions (withholds and reminders at ``0 <= position < cut``), in order.
-    ``edits``: (position, start, end, replacement), offsets relative to the first item's start
-    byte. Valid for a request whose history has the same bytes through item ``cut - 1``."""
+    ``edits``: (position, start, end, replacement), byte offsets in that request's body, whose
+    first history item started at byte ``base``. Valid for a request whose history has the same
+    bytes through item ``cut - 1``."""
 
     cut: int
     actions: tuple[Action, ...]
     edits: tuple[tuple[int, int, int, bytes], ...]
+    base: int = 0
+    #: what it counts against the prefix cache's budget (bytes, an estimate): its replacement
+    #: bytes plus :data:`EDIT_BYTES` per edit and per action (computed when made)
+    size: int = dataclasses.field(init=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """What it counts against the prefix cache's budget (bytes, an estimate)."""
-        return sum(EDIT_BYTES + len(e[3]) for e in self.edits) + EDIT_BYTES * len(self.actions)
+    def __post_init__(self) -> None:
+        size = sum(EDIT_BYTES + len(e[3]) for e in self.edits) + EDIT_BYTES * len(self.actions)
+        object.__setattr__(self, "size", size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +180,24 @@ class Applied:
     reused: bool = False
 
 
-def _before(actions: Sequence[Action], cut: int) -> tuple[Action, ...]:
-    out: list[Action] = []
+def _split(actions: Sequence[Action], cut: int) -> tuple[tuple[Action, ...], list[Action]]:
+    """The withholds and reminders at positions in ``[0, cut)``, and those at ``cut`` or after
+    (in order; other actions write nothing and are in neither)."""
+    before: list[Action] = []
+    after: list[Action] = []
     for a in actions:
-        pos = _position(a)
-        if pos is not None and 0 <= pos < cut:
-            out.append(a)
-    return tuple(out)
+        kind = type(a)
+        if kind is Withhold:
+            pos = a.position  # type: ignore[attr-defined]
+        elif kind is Remind:
+            pos = a.after  # type: ignore[attr-defined]
+        else:
+            continue
+        if pos >= cut:
+            after.append(a)
+        elif pos >= 0:
+            before.append(a)
+    return tuple(before), after
 
 
 def apply_kept(
@@ -206,23 +212,31 @@ def apply_kept(
     """:func:`apply` for a request whose items' ``spans`` are known, reusing the edits ``kept``
     by the previous request of its conversation when its actions before ``kept.cut`` are the
     same ones (then only the actions at or after that cut are written anew); anything else is a
-    full :func:`apply`. Gives the same bytes either way. ``kept``: the caller's promise is that
-    this history's bytes through item ``kept.cut - 1`` are the previous request's (a prefix
-    cache hit). ``cut``: where this request's kept edits end (None: keep none)."""
+    full :func:`apply`. Gives the same bytes either way (the edits of one position depend only on
+    its actions and its bytes). ``kept``: the caller's promise is that this history's bytes
+    through item ``kept.cut - 1`` are the previous request's (a prefix cache hit). ``cut``: where
+    this request's kept edits end (None: keep none)."""
     listed = body.get(wire.items) if isinstance(body, dict) else None
     base = spans[0][0] if spans else 0
-    reused: list[tuple[int, Edit]] = []
+    reused: tuple[tuple[int, int, int, bytes], ...] = ()
     rest: Sequence[Action] = actions
-    hit = kept is not None and kept.cut <= len(spans) and _before(actions, kept.cut) == kept.actions
-    if hit and kept is not None:
-        reused = [(p, (s + base, e + base, b)) for p, s, e, b in kept.edits]
-        rest = [a for a in actions if (pos := _position(a)) is not None and pos >= kept.cut]
-    planned = reused + _plan(raw, rest, listed, wire, spans)
-    out = jsonbody.splice(raw, [e for _, e in planned]) if planned else None
+    hit = False
+    if kept is not None and kept.cut <= len(spans):
+        before, after = _split(actions, kept.cut)
+        if before == kept.actions:
+            hit, rest = True, after
+            shift = base - kept.base
+            reused = (
+                kept.edits if not shift else tuple((p, s + shift, e + shift, b) for p, s, e, b in kept.edits)
+            )
+    fresh = [(p, s, e, b) for p, (s, e, b) in _plan(raw, rest, listed, wire, spans)]
+    out = jsonbody.splice(raw, [(s, e, b) for _, s, e, b in (*reused, *fresh)]) if reused or fresh else None
     mine = None
     if cut is not None:
-        edits = tuple((p, s - base, e - base, b) for p, (s, e, b) in planned if p < cut)
-        mine = Kept(cut, _before(actions, cut), edits)
+        if hit and kept is not None and cut == kept.cut:
+            mine = Kept(cut, kept.actions, reused, base) if reused is not kept.edits else kept
+        else:
+            mine = Kept(cut, _split(actions, cut)[0], tuple(x for x in (*reused, *fresh) if x[0] < cut), base)
     return Applied(out, mine, hit)
 
 
