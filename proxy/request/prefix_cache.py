@@ -25,10 +25,18 @@ entry) reads the whole history, and both ways give the same transcript and the s
 the whole transcript. A body whose history member is given twice, or is not a list, is always
 read in full and never kept.
 
+The edits a request's actions made before its guards' cut (:func:`proxy.guards.resume.cut`) are
+kept with its entry (:meth:`PrefixCache.keep_edits`, :class:`proxy.dialects.edits.Kept`): the
+next request, when it resumes that entry and its enforced actions before that cut are the same
+ones, reuses them and writes only the actions at or after the cut (:func:`apply_edits`; the
+upstream bytes are those of a full apply either way). Chat and Responses; Messages always applies
+in full.
+
 Bounded memory: entries are dropped least recently used first once their bytes pass
 ``max_bytes``. An entry counts its history's JSON bytes plus :data:`CALL_BYTES` per tool call and
 :data:`ITEM_BYTES` per item for the parse state (an estimate; measured with ``tracemalloc`` on the
-bench's histories, within 15% of what an entry holds). Not thread-safe: the server calls it
+bench's histories, within 15% of what an entry holds), plus its kept edits' bytes
+(:attr:`proxy.dialects.edits.Kept.size`). Not thread-safe: the server calls it
 from its event loop.
 """
 
