@@ -211,25 +211,44 @@ def apply_kept(
 ) -> Applied:
     """:func:`apply` for a request whose items' ``spans`` are known, reusing the edits ``kept``
     by the previous request of its conversation when its actions before ``kept.cut`` are the
-    same ones (then only the actions at or after that cut are written anew); anything else is a
-    full :func:`apply`. Gives the same bytes either way (the edits of one position depend only on
-    its actions and its bytes). ``kept``: the caller's promise is that this history's bytes
-    through item ``kept.cut - 1`` are the previous request's (a prefix cache hit). ``cut``: where
-    this request's kept edits end (None: keep none)."""
+    same ones (:func:`reuse`). ``cut``: where this request's kept edits end (None: keep none)."""
     listed = body.get(wire.items) if isinstance(body, dict) else None
+    return reuse(
+        raw, actions, spans, kept, cut, lambda rest: _plan(raw, rest, listed, wire, spans), len(spans)
+    )
+
+
+def reuse(
+    raw: bytes,
+    actions: Sequence[Action],
+    spans: Sequence[tuple[int, int]],
+    kept: Kept | None,
+    cut: int | None,
+    plan: Callable[[Sequence[Action]], list[tuple[int, Edit]]],
+    count: int,
+) -> Applied:
+    """Write ``actions`` into ``raw`` with a dialect's ``plan`` (its edits for some actions, each
+    with the position it belongs to; the edits of one position depend only on the actions on it
+    and its bytes), reusing ``kept`` when the withholds and reminders before ``kept.cut`` are the
+    same ones (then ``plan`` gets only those at or after it); anything else plans every action.
+    The same bytes either way. ``kept``: the caller's promise is that this history's bytes
+    through the position before ``kept.cut`` are the previous request's (a prefix cache hit);
+    ``count``: the history's positions; ``spans``: its items' byte spans (the first one's start
+    is what kept offsets move with). ``cut``: where this request's kept edits end (None: keep
+    none)."""
     base = spans[0][0] if spans else 0
     reused: tuple[tuple[int, int, int, bytes], ...] = ()
     rest: Sequence[Action] = actions
     hit = False
-    if kept is not None and kept.cut <= len(spans):
+    if kept is not None and kept.cut <= count:
         before, after = _split(actions, kept.cut)
         if before == kept.actions:
             hit, rest = True, after
             shift = base - kept.base
-            reused = (
-                kept.edits if not shift else tuple((p, s + shift, e + shift, b) for p, s, e, b in kept.edits)
-            )
-    fresh = [(p, s, e, b) for p, (s, e, b) in _plan(raw, rest, listed, wire, spans)]
+            reused = kept.edits
+            if shift:
+                reused = tuple((p, s + shift, e + shift, b) for p, s, e, b in reused)
+    fresh = [(p, s, e, b) for p, (s, e, b) in plan(rest)]
     out = jsonbody.splice(raw, [(s, e, b) for _, s, e, b in (*reused, *fresh)]) if reused or fresh else None
     mine = None
     if cut is not None:

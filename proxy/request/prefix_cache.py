@@ -29,8 +29,7 @@ The edits a request's actions made before its guards' cut (:func:`proxy.guards.r
 kept with its entry (:meth:`PrefixCache.keep_edits`, :class:`proxy.dialects.edits.Kept`): the
 next request, when it resumes that entry and its enforced actions before that cut are the same
 ones, reuses them and writes only the actions at or after the cut (:func:`apply_edits`; the
-upstream bytes are those of a full apply either way). Chat and Responses; Messages always applies
-in full.
+upstream bytes are those of a full apply either way), in every dialect.
 
 Bounded memory: entries are dropped least recently used first once their bytes pass
 ``max_bytes``. An entry counts its history's JSON bytes plus :data:`CALL_BYTES` per tool call and
@@ -278,8 +277,8 @@ def apply_edits(
     of the conversation made before its cut when ``found`` resumed from it (the history's bytes
     through that cut are then the same: :func:`proxy.dialects.edits.apply_kept`), and keeping this
     request's edits before its own cut (:func:`proxy.guards.resume.cut`) with ``found.entry``.
-    The same bytes either way. A dialect without ``apply_kept`` (Messages), a read that kept
-    nothing or found no spans is a plain ``apply``."""
+    The same bytes either way. A dialect without ``apply_kept``, a read that kept nothing or
+    found no spans is a plain ``apply``."""
     kept_apply = getattr(dialect, "apply_kept", None)
     if cache is None or found.entry is None or found.spans is None or kept_apply is None:
         if found.spans is not None:
