@@ -395,6 +395,9 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert "loopguard_prefix_cache_hits_total 4.0" in text
     assert "loopguard_prefix_cache_misses_total 1.0" in text
     assert "loopguard_prefix_cache_entries 1.0" in text
+    # the fourth request reminds (the third read of app.py), the fifth again: it reuses that edit
+    assert kept["edit_hits"] == 1
+    assert "loopguard_prefix_cache_edit_hits_total 1.0" in text
     assert "prefix_cache" not in snapshot_off
     assert "loopguard_prefix_cache" not in text_off
 
