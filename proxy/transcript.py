@@ -8,7 +8,7 @@ Plain frozen data: no I/O, no methods that mutate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,27 +110,25 @@ class Transcript:
 
 
 def build(
-    calls: list[dict[str, Any]],
-    steps: list[dict[str, Any]],
-    users: list[int],
-    texts: list[int],
+    calls: Sequence[ToolCall],
+    steps: Sequence[Step],
+    users: Sequence[int],
+    texts: Sequence[int],
     message_count: int,
-    ends_with_step: bool,
-    said: list[Said],
+    newest_step: int | None,
+    said: Sequence[Said],
     tools: Mapping[str, Any] | None = None,
     tool_choice: Any = None,
 ) -> Transcript:
-    """A :class:`Transcript` from a dialect's parse state: ``calls`` as :class:`ToolCall` fields,
-    ``steps`` as dicts with ``index``, ``position``, ``calls`` (seqs) and ``end``. The newest step is
-    the last one when ``ends_with_step`` (nothing but its results follows it)."""
-    newest = steps[-1]["index"] if steps and ends_with_step else None
+    """A :class:`Transcript` from a dialect's parse state (:class:`proxy.dialects.fold.FoldState`):
+    its built calls and steps, in order, shared rather than copied (they are frozen)."""
     return Transcript(
-        calls=tuple(ToolCall(**c) for c in calls),
-        steps=tuple(Step(s["index"], s["position"], tuple(s["calls"]), s["end"]) for s in steps),
+        calls=tuple(calls),
+        steps=tuple(steps),
         user_positions=tuple(users),
         assistant_text_positions=tuple(texts),
         message_count=message_count,
-        newest_step=newest,
+        newest_step=newest_step,
         said=tuple(said),
         tools=tools,
         tool_choice=tool_choice,

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_responses
+from proxy.dialects import Dialect, anthropic_messages, edits, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
@@ -343,6 +343,7 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
         "evictions": 0,
         "bytes": entry.size,
         "entries": 1,
+        "edit_hits": 0,
         "max_bytes": 1 << 20,
     }
 
@@ -413,12 +414,26 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert (kept["hits"], kept["misses"], kept["evictions"], kept["entries"]) == (4, 1, 0, 1)
     assert kept["max_bytes"] == 32 * 1024 * 1024
     # the last history from its "[" through its last message ("]}" after it), 2 KB per call and
-    # 256 bytes per message: the last request holds the user message and 4 steps (a call, a result)
+    # 384 bytes per message (twice the bytes: the decoded texts), the checkpoint, and the edits
+    # the last request made before its last step: one reminder (its bytes, one edit, one action)
     assert kept["fast_hits"] == 0  # small bodies: decoded whole
-    assert kept["bytes"] > 2 * (len(last) - last.index(b"[") - 2) + 4 * 2048 + 9 * 384
+    local = PrefixCache(1 << 30)
+    _decide(last, openai_chat, local)
+    entry = local.get(openai_chat.PATH_SUFFIX, "s1")
+    assert entry is not None and entry.edits is not None and entry.checkpoint is not None
+    assert (len(entry.edits.edits), len(entry.edits.actions)) == (1, 1)
+    reminder = entry.edits.edits[0][3]
+    assert reminder.startswith(b',{"role":"user","content":"[loopguard]')
+    assert entry.edits.size == 2 * edits.EDIT_BYTES + len(reminder)
+    history = len(last) - last.index(b"[") - 2
+    assert entry.size > 2 * history + 4 * 2048 + 9 * 384 + entry.edits.size
+    assert kept["bytes"] == entry.size  # the server kept what a fresh read of the last request keeps
     assert "loopguard_prefix_cache_hits_total 4.0" in text
     assert "loopguard_prefix_cache_misses_total 1.0" in text
     assert "loopguard_prefix_cache_entries 1.0" in text
+    # the fourth request reminds (the third read of app.py), the fifth again: it reuses that edit
+    assert kept["edit_hits"] == 1
+    assert "loopguard_prefix_cache_edit_hits_total 1.0" in text
     assert "prefix_cache" not in snapshot_off
     assert "loopguard_prefix_cache" not in text_off
 

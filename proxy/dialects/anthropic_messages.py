@@ -185,7 +185,7 @@ class Fold(FoldState):
             self._slot(pos, slot, msg)
 
     def _slot(self, pos: int, slot: Slot, msg: dict[str, Any]) -> None:
-        calls, steps, pending = self.calls, self.steps, self.pending
+        calls, steps = self.calls, self.steps
         content = msg.get("content")
         if slot.kind == "assistant":
             text = content_text(content)
@@ -196,49 +196,28 @@ class Fold(FoldState):
             if not uses:
                 self.last_kind = "assistant"
                 return
-            step = {"index": len(steps), "position": pos, "calls": [], "end": None}
-            steps.append(step)
+            self.new_step(pos)
             for use in uses:
                 cid = use.get("id")
                 cid = cid if isinstance(cid, str) else None
                 name = use.get("name")
-                seq = len(calls)
-                calls.append(
-                    {
-                        "seq": seq,
-                        "step": step["index"],
-                        "turn": self.turn,
-                        "position": pos,
-                        "call_id": cid,
-                        "name": name if isinstance(name, str) else "",
-                        "arguments_raw": use.get("input"),
-                        "arguments": parse_arguments(use.get("input")),
-                        "result": None,
-                    }
-                )
-                step["calls"].append(seq)
-                pending[cid].append(seq)
+                name = name if isinstance(name, str) else ""
+                self.new_call(cid, name, use.get("input"), parse_arguments(use.get("input")), pos)
             self.last_kind = "step"
         elif slot.kind == "result":
             assert slot.block is not None
             block = content[slot.block]
             cid = block.get("tool_use_id")
             cid = cid if isinstance(cid, str) else None
-            queue = pending.get(cid)
-            seq = None
-            if queue:
-                seq = queue.popleft()
-            elif steps and cid is None:  # no id: the oldest waiting call of the latest step
+            seq = self.take(cid)
+            if seq is None and steps and cid is None:  # no id: the oldest waiting call of the latest step
                 for s in steps[-1]["calls"]:
-                    if calls[s]["result"] is None:
-                        seq = s
-                        pending[calls[s]["call_id"]].remove(s)
+                    if self.waiting(s):
+                        seq = self.take(calls[s]["call_id"], s)
                         break
             if seq is not None:
                 flag = True if block.get("is_error") is True else None
-                calls[seq]["result"] = ToolResult(pos, content_text(block.get("content")), flag)
-                step = steps[calls[seq]["step"]]
-                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+                self.settle(seq, ToolResult(pos, content_text(block.get("content")), flag))
             if self.last_kind != "step":
                 self.last_kind = "other"
         elif slot.kind == "user":
@@ -284,16 +263,7 @@ def apply(
     if not isinstance(messages, list):
         return None
     layout = slots(messages)
-    withheld: dict[int, str] = {}
-    for a in actions:
-        if not isinstance(a, Withhold) or not 0 <= a.position < len(layout) or a.position in withheld:
-            continue
-        if layout[a.position].kind == "result":
-            withheld[a.position] = a.text
-    grouped: dict[int, list[Remind]] = {}
-    for a in actions:
-        if isinstance(a, Remind) and 0 <= a.after < len(layout):
-            grouped.setdefault(a.after, []).append(a)
+    withheld, grouped = _targets(actions, layout)
     if not withheld and not grouped:
         return None
 
@@ -304,6 +274,37 @@ def apply(
         spans = jsonbody.items(raw, start, messages)
     if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
         return None
+    out = _plan(raw, layout, withheld, grouped, messages, spans)
+    return jsonbody.splice(raw, [e for _, e in out]) if out else None
+
+
+def _targets(
+    actions: Sequence[Action], layout: Sequence[Slot]
+) -> tuple[dict[int, str], dict[int, list[Remind]]]:
+    """The withheld result slots (the first text per slot) and the reminders by slot."""
+    withheld: dict[int, str] = {}
+    for a in actions:
+        if not isinstance(a, Withhold) or not 0 <= a.position < len(layout) or a.position in withheld:
+            continue
+        if layout[a.position].kind == "result":
+            withheld[a.position] = a.text
+    grouped: dict[int, list[Remind]] = {}
+    for a in actions:
+        if isinstance(a, Remind) and 0 <= a.after < len(layout):
+            grouped.setdefault(a.after, []).append(a)
+    return withheld, grouped
+
+
+def _plan(
+    raw: bytes,
+    layout: Sequence[Slot],
+    withheld: dict[int, str],
+    grouped: dict[int, list[Remind]],
+    messages: list[Any],
+    spans: Sequence[tuple[int, int]],
+) -> list[tuple[int, edits.Edit]]:
+    """The edits :func:`apply` makes for ``withheld`` and ``grouped`` (:func:`_targets`), each with
+    the slot it belongs to (an edit of a slot lies inside its message or at its end)."""
     message_fields: dict[int, dict[str, tuple[int, int]]] = {}
     block_spans: dict[int, list[tuple[int, int]]] = {}
 
@@ -324,16 +325,16 @@ def apply(
         return bs, jsonbody.members(raw, bs, messages[slot.message]["content"][slot.block])
 
     suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
-    out: list[edits.Edit] = []
+    out: list[tuple[int, edits.Edit]] = []
     for pos in sorted(withheld):
         bs, fields = block_fields(layout[pos])
         text = "\n\n".join(t for t in (withheld[pos], suffix.pop(pos, "")) if t)
         kept = _denial(raw, fields, text)
         if kept is not None:
             vs, ve = fields["content"]
-            out.append((vs, ve, kept))
+            out.append((pos, (vs, ve, kept)))
         else:
-            out.append(edits.replace_member(fields, bs, "content", text))
+            out.append((pos, edits.replace_member(fields, bs, "content", text)))
     for pos, group in sorted(grouped.items()):
         slot = layout[pos]
         if pos in withheld and pos not in suffix and group[0].delivery == "tool_suffix":
@@ -341,16 +342,39 @@ def apply(
         text = "\n\n".join(r.text for r in group)
         if slot.kind == "result" and pos in suffix:
             bs, fields = block_fields(slot)
-            out.append(edits.append_text(raw, fields, bs, "content", _text_block(text)))
+            out.append((pos, edits.append_text(raw, fields, bs, "content", _text_block(text))))
         elif slot.kind == "result":
             results = [j for j, b in enumerate(messages[slot.message]["content"]) if _is_result(b)]
             end = blocks_of(slot.message)[results[-1]][1]
-            out.append((end, end, b"," + jsonbody.dumps(_text_block(text))))
+            out.append((pos, (end, end, b"," + jsonbody.dumps(_text_block(text)))))
         elif slot.kind == "user" or pos in suffix:
             i = slot.message
-            out.append(edits.append_text(raw, fields_of(i), spans[i][0], "content", _text_block(text)))
+            out.append((pos, edits.append_text(raw, fields_of(i), spans[i][0], "content", _text_block(text))))
         else:
             end = spans[slot.message][1]
             reminder = {"role": "user", "content": [_text_block(text)]}
-            out.append((end, end, b"," + jsonbody.dumps(reminder)))
-    return jsonbody.splice(raw, out) if out else None
+            out.append((pos, (end, end, b"," + jsonbody.dumps(reminder))))
+    return out
+
+
+def apply_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    spans: Sequence[tuple[int, int]],
+    kept: edits.Kept | None,
+    cut: int | None,
+) -> edits.Applied:
+    """:func:`apply` reusing the previous request's edits before its cut (a slot position;
+    :func:`proxy.dialects.edits.reuse`, whose promise on ``kept`` holds here). A body whose
+    messages are not a list or do not match ``spans`` is a full :func:`apply` that keeps nothing."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or len(spans) != len(messages):
+        return edits.Applied(apply(raw, actions, body, spans), None)
+    layout = slots(messages)
+
+    def plan(some: Sequence[Action]) -> list[tuple[int, edits.Edit]]:
+        withheld, grouped = _targets(some, layout)
+        return _plan(raw, layout, withheld, grouped, messages, spans) if withheld or grouped else []
+
+    return edits.reuse(raw, actions, spans, kept, cut, plan, len(layout))

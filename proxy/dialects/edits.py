@@ -104,6 +104,16 @@ def apply(
         if start is None or raw[start : start + 1] != b"[":
             return None
         spans = jsonbody.items(raw, start, listed)
+    planned = _plan(raw, actions, listed, wire, spans)
+    return jsonbody.splice(raw, [e for _, e in planned]) if planned else None
+
+
+def _plan(
+    raw: bytes, actions: Sequence[Action], listed: Any, wire: Wire, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, Edit]]:
+    """The edits :func:`apply` makes, each with the position of the item it belongs to (an edit
+    of item ``p`` lies inside it or at its end). Positions are independent: the edits of one
+    depend only on the actions on it and its bytes."""
     withheld: dict[int, str] = {}
     for a in actions:
         if isinstance(a, Withhold) and 0 <= a.position < len(spans) and a.position not in withheld:
@@ -113,9 +123,9 @@ def apply(
         if isinstance(a, Remind) and 0 <= a.after < len(spans):
             grouped.setdefault(a.after, []).append(a)
     if not withheld and not grouped:
-        return None
+        return []
     suffix = {p: "\n\n".join(r.text for r in g) for p, g in grouped.items() if g[0].delivery == "tool_suffix"}
-    out: list[Edit] = []
+    out: list[tuple[int, Edit]] = []
     for pos in sorted(withheld.keys() | suffix.keys()):
         item_start = spans[pos][0]
         fields = jsonbody.members(raw, item_start, listed[pos] if isinstance(listed, list) else None)
@@ -123,14 +133,130 @@ def apply(
         member = wire.result_member(kind)
         if pos in withheld:
             text = "\n\n".join(t for t in (withheld[pos], suffix.get(pos, "")) if t)
-            out.append(replace_member(fields, item_start, member, text))
+            out.append((pos, replace_member(fields, item_start, member, text)))
         else:
-            out.append(append_text(raw, fields, item_start, member, wire.text_part(kind, suffix[pos])))
+            out.append((pos, append_text(raw, fields, item_start, member, wire.text_part(kind, suffix[pos]))))
     for after, group in grouped.items():
         if after not in suffix:
             end = spans[after][1]
-            out.append((end, end, b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))))
-    return jsonbody.splice(raw, out)
+            reminder = b"," + jsonbody.dumps(wire.reminder("\n\n".join(r.text for r in group)))
+            out.append((after, (end, end, reminder)))
+    return out
+
+
+#: Bytes a kept edit counts beyond its replacement bytes (:attr:`Kept.size`).
+EDIT_BYTES = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The edits one request made for its actions on the items before ``cut`` (a position), kept
+    for the next request of its conversation (issue 15, :mod:`proxy.request.prefix_cache`).
+    ``actions``: those actions (withholds and reminders at ``0 <= position < cut``), in order.
+    ``edits``: (position, start, end, replacement), byte offsets in that request's body, whose
+    first history item started at byte ``base``. Valid for a request whose history has the same
+    bytes through item ``cut - 1``."""
+
+    cut: int
+    actions: tuple[Action, ...]
+    edits: tuple[tuple[int, int, int, bytes], ...]
+    base: int = 0
+    #: what it counts against the prefix cache's budget (bytes, an estimate): its replacement
+    #: bytes plus :data:`EDIT_BYTES` per edit and per action (computed when made)
+    size: int = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        size = sum(EDIT_BYTES + len(e[3]) for e in self.edits) + EDIT_BYTES * len(self.actions)
+        object.__setattr__(self, "size", size)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What :func:`apply_kept` did: ``body`` (None: no action applies), ``kept`` (what the next
+    request may reuse; None: no cut) and ``reused`` (the edits of ``kept`` given were reused)."""
+
+    body: bytes | None
+    kept: Kept | None
+    reused: bool = False
+
+
+def _split(actions: Sequence[Action], cut: int) -> tuple[tuple[Action, ...], list[Action]]:
+    """The withholds and reminders at positions in ``[0, cut)``, and those at ``cut`` or after
+    (in order; other actions write nothing and are in neither)."""
+    before: list[Action] = []
+    after: list[Action] = []
+    for a in actions:
+        kind = type(a)
+        if kind is Withhold:
+            pos = a.position  # type: ignore[attr-defined]
+        elif kind is Remind:
+            pos = a.after  # type: ignore[attr-defined]
+        else:
+            continue
+        if pos >= cut:
+            after.append(a)
+        elif pos >= 0:
+            before.append(a)
+    return tuple(before), after
+
+
+def apply_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    wire: Wire,
+    spans: Sequence[tuple[int, int]],
+    kept: Kept | None,
+    cut: int | None,
+) -> Applied:
+    """:func:`apply` for a request whose items' ``spans`` are known, reusing the edits ``kept``
+    by the previous request of its conversation when its actions before ``kept.cut`` are the
+    same ones (:func:`reuse`). ``cut``: where this request's kept edits end (None: keep none)."""
+    listed = body.get(wire.items) if isinstance(body, dict) else None
+    return reuse(
+        raw, actions, spans, kept, cut, lambda rest: _plan(raw, rest, listed, wire, spans), len(spans)
+    )
+
+
+def reuse(
+    raw: bytes,
+    actions: Sequence[Action],
+    spans: Sequence[tuple[int, int]],
+    kept: Kept | None,
+    cut: int | None,
+    plan: Callable[[Sequence[Action]], list[tuple[int, Edit]]],
+    count: int,
+) -> Applied:
+    """Write ``actions`` into ``raw`` with a dialect's ``plan`` (its edits for some actions, each
+    with the position it belongs to; the edits of one position depend only on the actions on it
+    and its bytes), reusing ``kept`` when the withholds and reminders before ``kept.cut`` are the
+    same ones (then ``plan`` gets only those at or after it); anything else plans every action.
+    The same bytes either way. ``kept``: the caller's promise is that this history's bytes
+    through the position before ``kept.cut`` are the previous request's (a prefix cache hit);
+    ``count``: the history's positions; ``spans``: its items' byte spans (the first one's start
+    is what kept offsets move with). ``cut``: where this request's kept edits end (None: keep
+    none)."""
+    base = spans[0][0] if spans else 0
+    reused: tuple[tuple[int, int, int, bytes], ...] = ()
+    rest: Sequence[Action] = actions
+    hit = False
+    if kept is not None and kept.cut <= count:
+        before, after = _split(actions, kept.cut)
+        if before == kept.actions:
+            hit, rest = True, after
+            shift = base - kept.base
+            reused = kept.edits
+            if shift:
+                reused = tuple((p, s + shift, e + shift, b) for p, s, e, b in reused)
+    fresh = [(p, s, e, b) for p, (s, e, b) in plan(rest)]
+    out = jsonbody.splice(raw, [(s, e, b) for _, s, e, b in (*reused, *fresh)]) if reused or fresh else None
+    mine = None
+    if cut is not None:
+        if hit and kept is not None and cut == kept.cut:
+            mine = Kept(cut, kept.actions, reused, base) if reused is not kept.edits else kept
+        else:
+            mine = Kept(cut, _split(actions, cut)[0], tuple(x for x in (*reused, *fresh) if x[0] < cut), base)
+    return Applied(out, mine, hit)
 
 
 def whole_results(

@@ -1,24 +1,36 @@
 """The parse state every dialect's ``Fold`` keeps (issue 15): what :func:`proxy.transcript.build`
 takes, gathered one history item at a time, and an independent copy of it for the prefix cache
 (:mod:`proxy.request.prefix_cache`). A dialect subclasses :class:`FoldState`, adds its own
-``feed`` and lists its extra scalar fields in ``EXTRA`` (copied as they are)."""
+``feed`` (through :meth:`FoldState.new_step`, :meth:`~FoldState.new_call`,
+:meth:`~FoldState.take` and :meth:`~FoldState.settle`) and lists its extra scalar fields in
+``EXTRA`` (copied as they are).
+
+What can no longer change is kept built and shared (copy-on-write): a call whose result has
+arrived is a :class:`proxy.transcript.ToolCall`, a step that is not the latest and has all its
+results a :class:`proxy.transcript.Step`, and said messages are :class:`proxy.transcript.Said`.
+:meth:`FoldState.copy` copies only the open records (calls waiting for their result, their steps,
+the latest step) and :meth:`FoldState.finish` builds only those, so a prefix-cache hit costs what
+its new items cost, not what its history costs (a pointer copy of each list aside)."""
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-from proxy.transcript import Said, Transcript, build
+from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 
 _F = TypeVar("_F", bound="FoldState")
 
 
 class FoldState:
-    """``calls`` (:class:`proxy.transcript.ToolCall` fields), ``steps`` (dicts with ``index``,
-    ``position``, ``calls``, ``end``), ``users`` and ``texts`` (positions), ``said``, ``pending``
-    (call id → seqs of calls waiting for their result), ``turn``, ``last_kind`` (``"step"`` while
-    the history ends with a step and its results); ``tools``: the request's offered tools."""
+    """``calls``: per seq, a built :class:`~proxy.transcript.ToolCall` once its result arrived,
+    else a dict of its fields (open). ``steps``: per index, a built
+    :class:`~proxy.transcript.Step` once it is not the latest and all its calls have results, else
+    a dict with ``index``, ``position``, ``calls`` (a list), ``end`` and the dialect's own keys.
+    ``users`` and ``texts`` (positions), ``said``, ``pending`` (call id → seqs of calls waiting
+    for their result; no empty queues), ``turn``, ``last_kind`` (``"step"`` while the history ends
+    with a step and its results); ``tools``: the request's offered tools."""
 
     __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "tools", "turn", "users")
 
@@ -27,24 +39,111 @@ class FoldState:
 
     def __init__(self, tools: Mapping[str, Any] | None = None) -> None:
         self.tools = tools
-        self.calls: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
+        self.calls: list[Any] = []
+        self.steps: list[Any] = []
         self.users: list[int] = []
         self.texts: list[int] = []
         self.said: list[Said] = []
-        self.pending: dict[str | None, deque[int]] = defaultdict(deque)
+        self.pending: dict[str | None, deque[int]] = {}
         self.turn = 0
         self.last_kind = ""
 
+    # --- what a dialect's feed calls ---------------------------------------------------------
+
+    def new_step(self, position: int, **extra: Any) -> dict[str, Any]:
+        """Start a step at message ``position`` (``extra``: the dialect's own keys, such as
+        ``text``); the step before it is built when all its calls have results."""
+        steps = self.steps
+        if steps:
+            self._freeze_step(len(steps) - 1)
+        step = {"index": len(steps), "position": position, "calls": [], "end": None, **extra}
+        steps.append(step)
+        return step
+
+    def new_call(self, call_id: str | None, name: str, raw: Any, arguments: Any, position: int) -> int:
+        """Add a call of the latest step (made at message ``position``), waiting for its result;
+        returns its seq."""
+        step = self.steps[-1]
+        seq = len(self.calls)
+        self.calls.append(
+            {
+                "seq": seq,
+                "step": step["index"],
+                "turn": self.turn,
+                "position": position,
+                "call_id": call_id,
+                "name": name,
+                "arguments_raw": raw,
+                "arguments": arguments,
+                "result": None,
+            }
+        )
+        step["calls"].append(seq)
+        self.pending.setdefault(call_id, deque()).append(seq)
+        return seq
+
+    def waiting(self, seq: int) -> bool:
+        """True while call ``seq`` has no result."""
+        return isinstance(self.calls[seq], dict)
+
+    def take(self, call_id: str | None, seq: int | None = None) -> int | None:
+        """Remove a call from the waiting ones: the first waiting with ``call_id`` (None: none
+        waits), or ``seq`` itself when given (it must wait with that id)."""
+        queue = self.pending.get(call_id)
+        if not queue:
+            return None
+        if seq is None:
+            seq = queue.popleft()
+        else:
+            queue.remove(seq)
+        if not queue:
+            del self.pending[call_id]
+        return seq
+
+    def settle(self, seq: int, result: ToolResult) -> None:
+        """Give call ``seq`` (taken from the waiting ones) its ``result``: the call is built, its
+        step's ``end`` moves to the result, and the step is built when it is done."""
+        call = self.calls[seq]
+        call["result"] = result
+        self.calls[seq] = ToolCall(**call)
+        index = call["step"]
+        step = self.steps[index]
+        end = step["end"]
+        step["end"] = result.position if end is None else max(end, result.position)
+        if index != len(self.steps) - 1:
+            self._freeze_step(index)
+
+    def _freeze_step(self, index: int) -> None:
+        step = self.steps[index]
+        if isinstance(step, dict) and not any(self.waiting(s) for s in step["calls"]):
+            self.steps[index] = Step(step["index"], step["position"], tuple(step["calls"]), step["end"])
+
+    def _open(self) -> tuple[list[int], list[int]]:
+        """The seqs of the open calls and the indexes of the open steps (the latest among them)."""
+        seqs = [s for queue in self.pending.values() for s in queue]
+        indexes = {self.calls[s]["step"] for s in seqs}
+        if self.steps:
+            indexes.add(len(self.steps) - 1)
+        return seqs, [i for i in indexes if isinstance(self.steps[i], dict)]
+
+    # --- copy and finish -----------------------------------------------------------------------
+
     def copy(self: _F) -> _F:
-        """An independent copy (feeding either never changes the other)."""
+        """An independent copy (feeding either never changes the other): built records are
+        shared, open ones copied."""
         out = type(self)(self.tools)
-        out.calls = [dict(c) for c in self.calls]
-        out.steps = [{**s, "calls": list(s["calls"])} for s in self.steps]
+        seqs, indexes = self._open()
+        out.calls = list(self.calls)
+        for s in seqs:
+            out.calls[s] = dict(self.calls[s])
+        out.steps = list(self.steps)
+        for i in indexes:
+            step = self.steps[i]
+            out.steps[i] = {**step, "calls": list(step["calls"])}
         out.users = list(self.users)
         out.texts = list(self.texts)
         out.said = list(self.said)
-        out.pending = defaultdict(deque, {k: deque(v) for k, v in self.pending.items()})
+        out.pending = {k: deque(v) for k, v in self.pending.items()}
         out.turn = self.turn
         out.last_kind = self.last_kind
         for name in self.EXTRA:
@@ -52,15 +151,15 @@ class FoldState:
         return out
 
     def finish(self, count: int, tool_choice: Any = None) -> Transcript:
-        """The transcript of the ``count`` items fed; ``tool_choice``: the request's."""
-        return build(
-            self.calls,
-            self.steps,
-            self.users,
-            self.texts,
-            count,
-            self.last_kind == "step",
-            self.said,
-            self.tools,
-            tool_choice,
-        )
+        """The transcript of the ``count`` items fed; ``tool_choice``: the request's. Built
+        records are used as they are; open ones are built for it (and stay open here)."""
+        seqs, indexes = self._open()
+        calls = list(self.calls)
+        for s in seqs:
+            calls[s] = ToolCall(**calls[s])
+        steps = list(self.steps)
+        for i in indexes:
+            s = steps[i]
+            steps[i] = Step(s["index"], s["position"], tuple(s["calls"]), s["end"])
+        newest = len(steps) - 1 if steps and self.last_kind == "step" else None
+        return build(calls, steps, self.users, self.texts, count, newest, self.said, self.tools, tool_choice)

@@ -90,18 +90,16 @@ class Fold(FoldState):
         """Read message ``pos``. Raises :class:`DialectError` when it is not an object."""
         if not isinstance(msg, dict):
             raise DialectError(f"message {pos} is not an object")
-        calls, steps, pending = self.calls, self.steps, self.pending
+        calls, steps = self.calls, self.steps
         role = msg.get("role")
         if role == "user":
             text = content_text(msg.get("content"))
-            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
+            waiting = _text_results_wanted(self) if self.last_kind == "step" else []
             results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
             if results is not None:  # the results of the text calls before it, not a user turn
                 for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
-                    calls[seq]["result"] = ToolResult(pos, result, part=part)
-                    pending[None].remove(seq)
-                    step = steps[calls[seq]["step"]]
-                    step["end"] = pos
+                    self.take(None, seq)
+                    self.settle(seq, ToolResult(pos, result, part=part))
                 return
             self.turn += 1
             self.users.append(pos)
@@ -135,57 +133,35 @@ class Fold(FoldState):
                     self.texts.pop()
             self.said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
-                step = {"index": len(steps), "position": pos, "calls": [], "end": None}
-                step["text"] = written is not None
-                steps.append(step)
+                self.new_step(pos, text=written is not None)
                 for cid, name, raw in entries:
-                    seq = len(calls)
-                    calls.append(
-                        {
-                            "seq": seq,
-                            "step": step["index"],
-                            "turn": self.turn,
-                            "position": pos,
-                            "call_id": cid,
-                            "name": name if isinstance(name, str) else "",
-                            "arguments_raw": raw,
-                            "arguments": parse_arguments(raw),
-                            "result": None,
-                        }
-                    )
-                    step["calls"].append(seq)
-                    pending[cid].append(seq)
+                    self.new_call(cid, name if isinstance(name, str) else "", raw, parse_arguments(raw), pos)
                 self.last_kind = "step"
             else:
                 self.last_kind = "assistant"
         elif role in ("tool", "function"):
             cid = msg.get("tool_call_id") if role == "tool" else None
-            queue = pending.get(cid if isinstance(cid, str) else None)
-            seq = None
-            if queue:
-                seq = queue.popleft()
-            elif steps and (cid is None or role == "function" or steps[-1].get("text")):
+            seq = self.take(cid if isinstance(cid, str) else None)
+            if seq is None and steps and (cid is None or role == "function" or steps[-1].get("text")):
                 # No id: answer the oldest call of the latest step still waiting for a result.
                 for s in steps[-1]["calls"]:
-                    if calls[s]["result"] is None:
-                        seq = s
-                        pending[calls[s]["call_id"]].remove(s)
+                    if self.waiting(s):
+                        seq = self.take(calls[s]["call_id"], s)
                         break
             if seq is not None:
-                calls[seq]["result"] = ToolResult(pos, content_text(msg.get("content")))
-                step = steps[calls[seq]["step"]]
-                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+                self.settle(seq, ToolResult(pos, content_text(msg.get("content"))))
             if self.last_kind != "step":
                 self.last_kind = "other"
         else:
             self.last_kind = "other"
 
 
-def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+def _text_results_wanted(fold: FoldState) -> list[int]:
     """The seqs of the latest step's calls still without a result, when it is a text step."""
+    steps = fold.steps
     if not steps or not steps[-1].get("text"):
         return []
-    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
+    return [s for s in steps[-1]["calls"] if fold.waiting(s)]
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).
@@ -212,3 +188,19 @@ def apply(
         messages = body.get("messages") if isinstance(body, dict) else None
         actions = edits.whole_results(actions, messages, lambda m: content_text(m.get("content")))
     return edits.apply(raw, actions, body, WIRE, spans)
+
+
+def apply_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    spans: Sequence[tuple[int, int]],
+    kept: edits.Kept | None,
+    cut: int | None,
+) -> edits.Applied:
+    """:func:`apply` reusing the previous request's edits before its cut
+    (:func:`proxy.dialects.edits.apply_kept`; its promise on ``kept`` holds here). A withhold of
+    one ``<tool_response>`` block is a full :func:`apply` that keeps nothing."""
+    if any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        return edits.Applied(apply(raw, actions, body, spans), None)
+    return edits.apply_kept(raw, actions, body, WIRE, spans, kept, cut)

@@ -119,38 +119,23 @@ class Fold(FoldState):
 
     def feed(self, pos: int, item: Any) -> None:
         """Read item ``pos``. Raises :class:`DialectError` when it is not an object."""
-        calls, steps, said, pending = self.calls, self.steps, self.said, self.pending
+        steps, said = self.steps, self.said
         if not isinstance(item, dict):
             raise DialectError(f"input item {pos} is not an object")
         kind = item_type(item)
         if kind in CALL_TYPES:
             if not self.in_step:
-                steps.append({"index": len(steps), "position": pos, "calls": [], "end": None})
+                self.new_step(pos)
                 if said and said[-1].role == "assistant" and said[-1].position == self.previous:
                     last = said[-1]
                     said[-1] = Said(last.position, last.role, last.text, True)
                 self.in_step = True
-            step = steps[-1]
             cid = item.get("call_id")
             cid = cid if isinstance(cid, str) else None
             name = item.get("name")
             raw = item.get("arguments") if kind == "function_call" else item.get("input")
-            seq = len(calls)
-            calls.append(
-                {
-                    "seq": seq,
-                    "step": step["index"],
-                    "turn": self.turn,
-                    "position": step["position"],
-                    "call_id": cid,
-                    "name": name if isinstance(name, str) else "",
-                    "arguments_raw": raw,
-                    "arguments": parse_arguments(raw),
-                    "result": None,
-                }
-            )
-            step["calls"].append(seq)
-            pending[cid].append(seq)
+            name = name if isinstance(name, str) else ""
+            self.new_call(cid, name, raw, parse_arguments(raw), steps[-1]["position"])
             self.last_kind = "step"
             self.previous = pos
             return
@@ -160,24 +145,20 @@ class Fold(FoldState):
         self.previous = pos
         if kind in OUTPUT_TYPES:
             cid = item.get("call_id")
-            queue = pending.get(cid if isinstance(cid, str) else None)
-            if queue:
-                seq = queue.popleft()
-                calls[seq]["result"] = ToolResult(pos, content_text(item.get("output")))
-                step = steps[calls[seq]["step"]]
-                step["end"] = pos if step["end"] is None else max(step["end"], pos)
+            seq = self.take(cid if isinstance(cid, str) else None)
+            if seq is not None:
+                self.settle(seq, ToolResult(pos, content_text(item.get("output"))))
             if self.last_kind != "step":
                 self.last_kind = "other"
             return
         if kind == "message" and item.get("role") == "user":
             text = content_text(item.get("content"))
-            waiting = _text_results_wanted(steps, calls) if self.last_kind == "step" else []
+            waiting = _text_results_wanted(self) if self.last_kind == "step" else []
             results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
             if results is not None:  # the results of the text calls before it, not a user turn
                 for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
-                    calls[seq]["result"] = ToolResult(pos, result, part=part)
-                    pending[None].remove(seq)
-                    steps[calls[seq]["step"]]["end"] = pos
+                    self.take(None, seq)
+                    self.settle(seq, ToolResult(pos, result, part=part))
                 return
             self.turn += 1
             self.users.append(pos)
@@ -190,25 +171,9 @@ class Fold(FoldState):
                 written = text_calls.find_calls(text, self.tools)
             if written is not None:  # calls written as text (issue 13): a step of their own
                 text = written.text
-                step = {"index": len(steps), "position": pos, "calls": [], "end": None, "text": True}
-                steps.append(step)
+                self.new_step(pos, text=True)
                 for c in written.calls:
-                    seq = len(calls)
-                    calls.append(
-                        {
-                            "seq": seq,
-                            "step": step["index"],
-                            "turn": self.turn,
-                            "position": pos,
-                            "call_id": None,
-                            "name": c.name,
-                            "arguments_raw": c.arguments,
-                            "arguments": c.arguments,
-                            "result": None,
-                        }
-                    )
-                    step["calls"].append(seq)
-                    pending[None].append(seq)
+                    self.new_call(None, c.name, c.arguments, c.arguments, pos)
             if text.strip():
                 self.texts.append(pos)
             said.append(Said(pos, "assistant", text, written is not None))
@@ -217,11 +182,12 @@ class Fold(FoldState):
             self.last_kind = "other"
 
 
-def _text_results_wanted(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[int]:
+def _text_results_wanted(fold: FoldState) -> list[int]:
     """The seqs of the latest step's calls still without a result, when it is a text step."""
+    steps = fold.steps
     if not steps or not steps[-1].get("text"):
         return []
-    return [s for s in steps[-1]["calls"] if calls[s]["result"] is None]
+    return [s for s in steps[-1]["calls"] if fold.waiting(s)]
 
 
 def _result_member(kind: edits.Kind) -> str:
@@ -253,6 +219,22 @@ def apply(
     :func:`proxy.dialects.edits.apply`; ``spans``: the items' byte spans, when known). Returns the
     new body, or None when no action applies (a string ``input`` never has one)."""
     return edits.apply(raw, _whole(raw, actions, body), body, WIRE, spans)
+
+
+def apply_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    spans: Sequence[tuple[int, int]],
+    kept: edits.Kept | None,
+    cut: int | None,
+) -> edits.Applied:
+    """:func:`apply` reusing the previous request's edits before its cut
+    (:func:`proxy.dialects.edits.apply_kept`; its promise on ``kept`` holds here). A withhold of
+    one ``<tool_response>`` block is a full :func:`apply` that keeps nothing."""
+    if any(isinstance(a, Withhold) and a.part is not None for a in actions):
+        return edits.Applied(apply(raw, actions, body, spans), None)
+    return edits.apply_kept(raw, actions, body, WIRE, spans, kept, cut)
 
 
 def _whole(raw: bytes, actions: Sequence[Action], body: Any) -> Sequence[Action]:

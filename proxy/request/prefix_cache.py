@@ -25,12 +25,19 @@ entry) reads the whole history, and both ways give the same transcript and the s
 the whole transcript. A body whose history member is given twice, or is not a list, is always
 read in full and never kept.
 
+The edits a request's actions made before its guards' cut (:func:`proxy.guards.resume.cut`) are
+kept with its entry (:meth:`PrefixCache.keep_edits`, :class:`proxy.dialects.edits.Kept`): the
+next request, when it resumes that entry and its enforced actions before that cut are the same
+ones, reuses them and writes only the actions at or after the cut (:func:`apply_edits`; the
+upstream bytes are those of a full apply either way), in every dialect.
+
 Bounded memory: entries are dropped least recently used first once their bytes pass
 ``max_bytes``. An entry counts :data:`HISTORY_FACTOR` times its history's JSON bytes (the bytes
 and the decoded texts of its parse state), :data:`CALL_BYTES` per tool call and
 :data:`ITEM_BYTES` per item (the parse state, the spans), its head and fingerprint items, and
 once the guards' checkpoint is attached (:meth:`PrefixCache.keep_checkpoint`)
-:data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept action. Measured with
+:data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept action, and its kept
+edits' bytes (:attr:`proxy.dialects.edits.Kept.size`). Measured with
 ``tracemalloc`` on ``bench/workloads.memory_body`` (1,000 conversations x 10 requests, 32 MiB):
 what the cache holds is 49.5 MB traced for 33.5 MB counted with the old count (1.48x; the
 checkpoints 5.2 KB each, uncounted), 32.5 MB for 33.5 MB counted with this one; the process's
@@ -49,12 +56,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from proxy.actions import Action
 from proxy.dialects import Dialect, jsonbody, text_calls
+from proxy.guards.resume import cut
 from proxy.request.conversation import fingerprint_items
 from proxy.transcript import Transcript
 
@@ -114,13 +124,18 @@ class Prefix:
     #: the digest of the body's first :data:`HEAD_BYTES` bytes, when they are all in ``head`` and
     #: ``items`` (None: not indexed for :func:`find`)
     digest: int | None = None
+    #: the edits its request made before its cut (:class:`proxy.dialects.edits.Kept`), once
+    #: made (:meth:`PrefixCache.keep_edits`); counted in ``size``
+    edits: Any = None
 
 
 @dataclass(slots=True)
 class Stats:
     """Counters for ``/loop-guard/stats`` and ``/metrics``: ``hits`` (requests that resumed a
     kept prefix), ``misses`` (requests read in full with the cache on), ``evictions`` (entries
-    dropped for the budget), ``bytes`` and ``entries`` (kept now), ``fast_hits``."""
+    dropped for the budget), ``bytes`` and ``entries`` (kept now), ``fast_hits`` (hits found
+    before the body was decoded, :func:`find`), ``edit_hits`` (requests that reused the previous
+    request's edits, :func:`apply_edits`)."""
 
     hits: int = 0
     misses: int = 0
@@ -129,6 +144,7 @@ class Stats:
     evictions: int = 0
     bytes: int = 0
     entries: int = 0
+    edit_hits: int = 0
 
 
 class PrefixCache:
@@ -183,6 +199,9 @@ class PrefixCache:
             self.stats.bytes += entry.size
             if entry.digest is not None:
                 self._heads.setdefault((dialect, entry.digest), {})[key] = None
+        self._trim()
+
+    def _trim(self) -> None:
         while self.stats.bytes > self.max_bytes:
             (d, k), dropped = self._entries.popitem(last=False)
             self._unindex(d, k, dropped)
@@ -197,6 +216,22 @@ class PrefixCache:
         if checkpoint is not None and self._entries.get((dialect, key)) is entry:
             grown = entry.size + checkpoint_size(checkpoint, len(entry.fold.calls))
             self.put(dialect, key, dataclasses.replace(entry, checkpoint=checkpoint, size=grown))
+
+    def keep_edits(self, dialect: str, key: str, entry: Prefix, edits: Any) -> None:
+        """Attach the request's ``edits`` (:class:`proxy.dialects.edits.Kept`) to ``entry`` when
+        it is still the conversation's kept prefix (the entry its request put, or that entry with
+        its checkpoint attached: the same ``fold``), counting their bytes; dropped when the entry
+        would pass the budget alone."""
+        current = self._entries.get((dialect, key))
+        if edits is None or current is None or current.fold is not entry.fold:
+            return
+        old = current.edits.size if current.edits is not None else 0
+        size = current.size - old + edits.size
+        if size > self.max_bytes:
+            return
+        self._entries[(dialect, key)] = dataclasses.replace(current, edits=edits, size=size)
+        self.stats.bytes += size - current.size
+        self._trim()
 
     def clear(self) -> None:
         """Drop every entry (as a restart does; the counters stay)."""
@@ -215,6 +250,7 @@ class PrefixCache:
             "evictions": s.evictions,
             "bytes": s.bytes,
             "entries": s.entries,
+            "edit_hits": s.edit_hits,
             "max_bytes": self.max_bytes,
         }
 
@@ -240,6 +276,8 @@ class Read:
     spans: list[Span] | None = None
     checkpoint: Any = None
     entry: Prefix | None = None
+    #: the edits kept with the prefix it resumed from (:attr:`Prefix.edits`; None: a full read)
+    edits: Any = None
 
 
 def _keep(
@@ -288,6 +326,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     kept = cache.get(dialect.PATH_SUFFIX, key)
     fold: Any = None
     checkpoint: Any = None
+    kept_edits: Any = None
     spans: list[Span] | None = None
     key_items: list[Any] = []
     if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
@@ -297,6 +336,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
             spans = [(start + s, start + e) for s, e in kept.spans] + tail
             fold = kept.fold.copy()
             checkpoint = kept.checkpoint
+            kept_edits = kept.edits
             for pos in range(n, len(listed)):
                 fold.feed(pos, listed[pos])
             key_items = _key_items(listed, kept.key_items, n)
@@ -317,7 +357,7 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     entry = _keep(raw, start, spans, fold, offered, key_items)
     if entry is not None:
         cache.put(dialect.PATH_SUFFIX, key, entry)
-    return Read(transcript, spans, checkpoint, entry)
+    return Read(transcript, spans, checkpoint, entry, kept_edits)
 
 
 def _key_items(listed: list[Any], kept: tuple[Any, ...], n: int) -> list[Any]:
@@ -406,7 +446,7 @@ def resume(found: Found, raw: bytes, dialect: Dialect, key: str, cache: PrefixCa
     entry = _keep(raw, start, spans, fold, kept.tools, fingerprint_items([*kept.key_items, *found.new]))
     if entry is not None:
         cache.put(dialect.PATH_SUFFIX, key, entry)
-    return Read(transcript, spans, kept.checkpoint, entry)
+    return Read(transcript, spans, kept.checkpoint, entry, kept.edits)
 
 
 def full_body(found: Found, raw: bytes, member: str, positions: Any) -> dict[str, Any]:
@@ -421,3 +461,30 @@ def full_body(found: Found, raw: bytes, member: str, positions: Any) -> dict[str
             s, e = kept.spans[p]
             items[p] = jsonbody.decode(raw[start + s : start + e])
     return {**found.body, member: items}
+
+
+def apply_edits(
+    cache: PrefixCache | None,
+    dialect: Dialect,
+    key: str,
+    found: Read,
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+) -> bytes | None:
+    """``dialect.apply(raw, actions, body, found.spans)``, reusing the edits the previous request
+    of the conversation made before its cut when ``found`` resumed from it (the history's bytes
+    through that cut are then the same: :func:`proxy.dialects.edits.apply_kept`), and keeping this
+    request's edits before its own cut (:func:`proxy.guards.resume.cut`) with ``found.entry``.
+    The same bytes either way. A dialect without ``apply_kept``, a read that kept nothing or
+    found no spans is a plain ``apply``."""
+    kept_apply = getattr(dialect, "apply_kept", None)
+    if cache is None or found.entry is None or found.spans is None or kept_apply is None:
+        if found.spans is not None:
+            return dialect.apply(raw, actions, body, found.spans)
+        return dialect.apply(raw, actions, body)
+    done = kept_apply(raw, actions, body, found.spans, found.edits, cut(found.transcript))
+    if done.reused:
+        cache.stats.edit_hits += 1
+    cache.keep_edits(dialect.PATH_SUFFIX, key, found.entry, done.kept)
+    return done.body  # type: ignore[no-any-return]

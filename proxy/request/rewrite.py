@@ -129,7 +129,7 @@ def decide_request(
             found = prefix_cache.read(raw, body, dialect, key, prefixes)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
-    transcript, spans = found.transcript, found.spans
+    transcript = found.transcript
     state = state_for(key) if state_for is not None else None
     ctx = Context(conversation=key, now_ms=now_ms, state=state)
     try:
@@ -141,14 +141,10 @@ def decide_request(
         prefixes.keep_checkpoint(dialect.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     out = None
-    if enforced:  # the spans when the prefix cache found them (a dialect without a Fold gets none)
+    if enforced:  # reusing the previous request's edits when the prefix cache kept them
         if fast is not None:
-            body = _body_for(fast, raw, dialect, enforced)
-        out = (
-            dialect.apply(raw, enforced, body, spans)
-            if spans is not None
-            else dialect.apply(raw, enforced, body)
-        )
+            body = _body_for(fast, raw, dialect, enforced, found)
+        out = prefix_cache.apply_edits(prefixes, dialect, key, found, raw, enforced, body)
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript, checkpoint=checkpoint)
     return RequestDecision(out, actions, True, key, model, stream, transcript, checkpoint=checkpoint)
@@ -172,15 +168,26 @@ def _find(
     return fast
 
 
-def _body_for(fast: prefix_cache.Found, raw: bytes, dialect: Dialect, enforced: Sequence[Action]) -> Any:
+def _body_for(
+    fast: prefix_cache.Found,
+    raw: bytes,
+    dialect: Dialect,
+    enforced: Sequence[Action],
+    found: prefix_cache.Read,
+) -> Any:
     """The body the dialect's ``apply`` reads for ``enforced``, from what the fast path decoded:
     the kept items the actions edit decoded from their bytes (:func:`prefix_cache.full_body`);
-    Messages reads every message's blocks for its positions (:func:`anthropic_messages.slots`),
-    so its body is decoded whole."""
+    with edits kept from the previous request only those at or after their cut (the others are
+    reused, or, when the actions there changed, found by a scan of the bytes: an item without its
+    decoded hint is read from its bytes). A withheld text-call part needs its item's text, so
+    then every edited item is decoded. Messages reads every message's blocks for its positions
+    (:func:`anthropic_messages.slots`), so its body is decoded whole."""
     if dialect is anthropic_messages:
         return jsonbody.decode(raw)
-    positions = {a.position for a in enforced if isinstance(a, Withhold)}
-    positions |= {a.after for a in enforced if isinstance(a, Remind)}
+    withheld = [a for a in enforced if isinstance(a, Withhold)]
+    since = found.edits.cut if found.edits is not None and all(a.part is None for a in withheld) else 0
+    positions = {a.position for a in withheld if a.position >= since}
+    positions |= {a.after for a in enforced if isinstance(a, Remind) and a.after >= since}
     return prefix_cache.full_body(fast, raw, dialect.ITEMS, positions)
 
 
@@ -217,7 +224,7 @@ def _decide_responses(
             found = prefix_cache.read(raw, body, openai_responses, key, prefixes)  # type: ignore[arg-type]
         else:
             found = prefix_cache.Read(openai_responses.parse_request(full))
-        transcript, spans = found.transcript, found.spans
+        transcript = found.transcript
     except DialectError:
         key = conversation_key(headers, fast.key_body("input") if fast else body, header_names)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
@@ -232,9 +239,12 @@ def _decide_responses(
         prefixes.keep_checkpoint(openai_responses.PATH_SUFFIX, key, found.entry, checkpoint)
     enforced = applied(actions)
     if entry is None:
+        dialect: Any = openai_responses
         if enforced and fast is not None:
-            body = _body_for(fast, raw, openai_responses, enforced)  # type: ignore[arg-type]
-        out = openai_responses.apply(raw, enforced, body, spans) if enforced else None
+            body = _body_for(fast, raw, dialect, enforced, found)
+        out = (
+            prefix_cache.apply_edits(prefixes, dialect, key, found, raw, enforced, body) if enforced else None
+        )
     else:
         out = openai_responses.apply_chained(raw, enforced, body, entry.count, entry.repair)
     changed = out is not None
