@@ -23,6 +23,7 @@ from bench.workloads import history_messages
 from proxy.actions import Action, Remind, Withhold, applied
 from proxy.dialects import Dialect, anthropic_messages, edits, jsonbody, openai_chat, openai_responses
 from proxy.guards.resume import cut
+from proxy.request import prefix_cache
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import RequestDecision, decide_request
 from proxy.transcript import Step, ToolCall
@@ -304,10 +305,10 @@ def test_a_kept_entry_counts_its_edits_and_drops_them_past_the_budget() -> None:
         edits.EDIT_BYTES + len(e[3]) for e in entry.edits.edits
     ) + edits.EDIT_BYTES * len(entry.edits.actions)
     assert cache.stats.bytes == entry.size
-    assert (
-        entry.size
-        == len(entry.items) + 2048 * len(entry.fold.calls) + 256 * len(entry.spans) + entry.edits.size
-    )
+    history = prefix_cache.entry_size(len(entry.items), len(entry.fold.calls), len(entry.spans))
+    head = len(entry.head) + sum(len(orjson.dumps(item)) for item in entry.key_items)
+    guards = prefix_cache.checkpoint_size(entry.checkpoint, len(entry.fold.calls))
+    assert entry.size == history + head + guards + entry.edits.size
     tight = PrefixCache(entry.size - entry.edits.size)  # room for the history, not its edits
     _decide(raw, openai_chat, tight)
     kept = tight.get(openai_chat.PATH_SUFFIX, "s1")

@@ -82,7 +82,6 @@ class Checkpoint:
             and self.observed == frozenset(observed)
         )
 
-
     def narrowed(self, guards: Sequence[Any]) -> Checkpoint:
         """This checkpoint for a subset of its guards run under no observed rules (the
         response-side stop judge, :class:`proxy.response.decide.StopJudge`): each guard's kept state
