@@ -434,7 +434,9 @@ class EpochCounter:
         self.n = 0
         self.before: list[int] = []
         self.after: list[int] = []
-        self.seen: dict[tuple[str, str], list[Any]] = {}
+        #: per (tool, arguments) of a call that may change the situation, its last 4 results
+        #: (tuples: a copy shares them)
+        self.seen: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     def add(self, call: ToolCall) -> None:
         """Number ``call``, the next one in conversation order."""
@@ -447,9 +449,7 @@ class EpochCounter:
                 novel = results is None
             else:
                 novel = results is None or not any(same_result(r, call.result, rule.masks) for r in results)
-                kept = self.seen.setdefault(key, [])
-                kept.append(call.result)
-                del kept[:-4]
+                self.seen[key] = (*(results or ())[-3:], call.result)  # the last few results are enough
             # classified only when it matters: a failed or rejected call changed nothing
             if novel and rule.failures(call.result) is not True and not rule.rejections(call.result):
                 self.n += 1
@@ -464,7 +464,7 @@ class EpochCounter:
         out.n = self.n
         out.before = list(self.before)
         out.after = list(self.after)
-        out.seen = {k: list(v) for k, v in self.seen.items()}
+        out.seen = dict(self.seen)
         return out
 
 

@@ -96,11 +96,11 @@ class Recurrence:
             seen = hits.get(key)
             repeat = s.judge.repeats(key, call.result, call.seq) if s.judge is not None else seen is not None
             if seen is None or not repeat:
-                hits[key] = [i]
+                hits[key] = (i,)
                 continue
-            seen.append(i)
-            while seen[0] <= i - cfg.window:
-                seen.pop(0)
+            # a tuple per key: a copy of the state shares them
+            seen = tuple(k for k in (*seen, i) if k > i - cfg.window)
+            hits[key] = seen
             count = len(seen)
             if count != cfg.occurrences or (self._leave_runs and seen[-1] - seen[0] == count - 1):
                 continue
@@ -131,14 +131,14 @@ class RecurrenceState:
         self.next = 0
         self.group = -1
         self.index = 0
-        self.hits: dict[tuple[str, str], list[int]] = {}
+        self.hits: dict[tuple[str, str], tuple[int, ...]] = {}
         self.judge: RepeatJudge | None = None
 
     def copy(self) -> RecurrenceState:
-        """An independent copy (the lists of ``hits`` are copied, the transcript never held)."""
+        """An independent copy (``hits`` holds tuples: shared; the transcript never held)."""
         epochs = self.epochs.copy() if self.epochs is not None else None
         out = RecurrenceState(epochs, self.episodes.copy() if self.episodes is not None else None)
         out.next, out.group, out.index = self.next, self.group, self.index
-        out.hits = {k: list(v) for k, v in self.hits.items()}
+        out.hits = dict(self.hits)
         out.judge = self.judge.copy(epochs) if self.judge is not None else None
         return out
