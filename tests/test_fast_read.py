@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects import openai_chat
+from proxy.dialects import openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
@@ -117,3 +117,33 @@ def test_two_conversations_sharing_their_first_4_kb_each_resume_their_own() -> N
             assert raw[: prefix_cache.HEAD_BYTES] == _body(one)[: prefix_cache.HEAD_BYTES]
             _same(_decide(raw, cache), _decide(raw, None))
     assert (cache.stats.fast_hits, cache.stats.misses, cache.stats.entries) == (6, 2, 2)
+
+
+def _input(steps: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "input_text", "text": SYSTEM}]}]
+    for i in range(steps):
+        out += [
+            {"type": "function_call", "call_id": f"c{i}", "name": "ls", "arguments": '{"path":"."}'},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "a b c"},
+        ]
+    return out
+
+
+@pytest.mark.parametrize(("store", "fast"), [(False, 7), (True, 0), (None, 0)])
+def test_a_responses_request_the_store_keeps_is_read_in_full_and_one_sent_with_store_false_is_not(
+    store: bool | None, fast: int
+) -> None:
+    store_extra = {} if store is None else {"store": store}
+    cache = PrefixCache(1 << 30)
+
+    def decide(raw: bytes, prefixes: PrefixCache | None) -> RequestDecision:
+        return decide_request(
+            raw, {}, GUARDS, (), dialect=openai_responses, previous=lambda _: None, prefixes=prefixes
+        )
+
+    for steps in range(1, 9):
+        raw = orjson.dumps({"model": "m", "input": _input(steps), **store_extra})
+        got, want = decide(raw, cache), decide(raw, None)
+        _same(got, want)
+        assert got.chain == want.chain  # the kept chain holds every input item either way
+    assert (cache.stats.hits, cache.stats.fast_hits) == (7, fast)

@@ -157,15 +157,17 @@ def _find(
     previous: Callable[[str], Entry | None] | None,
 ) -> prefix_cache.Found | None:
     """The kept prefix ``raw`` resumes without being decoded whole (:func:`prefix_cache.find`),
-    or None: read it in full. A Responses request with a response store, or chained by
-    ``previous_response_id``, is always read in full (its chain holds every input item)."""
+    or None: read it in full. A Responses request chained by ``previous_response_id``, or one the
+    response store keeps (a store, and not ``store: false``: its chain holds every input item),
+    is always read in full; Codex CLI sends ``store: false``."""
     if prefixes is None:
         return None
     fast = prefix_cache.find(raw, dialect, prefixes)
-    chained = fast is not None and openai_responses.previous_id(fast.body) is not None
-    if fast is not None and dialect is openai_responses and (previous is not None or chained):
-        return None
-    return fast
+    if fast is None or dialect is not openai_responses:
+        return fast
+    chained = openai_responses.previous_id(fast.body) is not None
+    kept = previous is not None and fast.body.get("store") is not False
+    return None if chained or kept else fast
 
 
 def _body_for(
