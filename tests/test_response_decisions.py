@@ -158,7 +158,7 @@ def test_guards_are_not_run_when_no_stop_can_fire(monkeypatch: pytest.MonkeyPatc
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("guards evaluated")
 
-    monkeypatch.setattr(proxy.response.decide, "evaluate", boom)
+    monkeypatch.setattr(proxy.response.decide, "evaluate_from", boom)
     assert judge([call()]) is None
 
 
