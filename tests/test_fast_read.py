@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
@@ -147,3 +147,31 @@ def test_a_responses_request_the_store_keeps_is_read_in_full_and_one_sent_with_s
         _same(got, want)
         assert got.chain == want.chain  # the kept chain holds every input item either way
     assert (cache.stats.hits, cache.stats.fast_hits) == (7, fast)
+
+
+def _claude_code_bodies(steps: int, system: str) -> list[bytes]:
+    """Messages requests as Claude Code sends them: the ``cache_control`` marker on the last
+    block of the newest message only (moved off the previous one on every request)."""
+    out = []
+    for k in range(1, steps + 1):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "fix it"}]}]
+        for i in range(k):
+            use = {"type": "tool_use", "id": f"t{i}", "name": "Bash", "input": {"command": "ls"}}
+            messages.append({"role": "assistant", "content": [use]})
+            result = {"type": "tool_result", "tool_use_id": f"t{i}", "content": "a b c", "is_error": False}
+            messages.append({"role": "user", "content": [result]})
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        out.append(orjson.dumps({"model": "m", "system": system, "messages": messages}))
+    return out
+
+
+@pytest.mark.parametrize(("system", "fast"), [("short", 0), (SYSTEM, 8)])
+def test_a_history_whose_last_message_changes_resumes_one_message_earlier(system: str, fast: int) -> None:
+    cache = PrefixCache(1 << 30)
+    bodies = _claude_code_bodies(9, system)
+    for raw in bodies:
+        got = decide_request(raw, {}, GUARDS, (), dialect=anthropic_messages, prefixes=cache)
+        want = decide_request(raw, {}, GUARDS, (), dialect=anthropic_messages)
+        _same(got, want)
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.fast_hits) == (8, 1, fast)
+    assert want.changed  # the loop was acted on

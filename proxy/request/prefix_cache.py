@@ -127,6 +127,15 @@ class Prefix:
     #: the edits its request made before its cut (:class:`proxy.dialects.edits.Kept`), once
     #: made (:meth:`PrefixCache.keep_edits`); counted in ``size``
     edits: Any = None
+    #: the parse state after every item but the last, and the fingerprint items of those: a
+    #: request whose history starts with them and changes only the last kept item resumes there
+    #: (Claude Code moves its ``cache_control`` marker off the previous last message on every
+    #: request); None: no such point (one item)
+    before: Any = None
+    key_before: tuple[Any, ...] = ()
+    #: ``spans`` plus ``len(head)``: the items' spans in the body itself, reused as they are by a
+    #: request whose history starts at the same byte
+    absolute: tuple[Span, ...] = ()
 
 
 @dataclass(slots=True)
@@ -280,6 +289,53 @@ class Read:
     edits: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class Point:
+    """Where a request resumes a kept entry: its first ``n`` items (``length`` bytes from the
+    history's ``[``), the parse state after them (``fold``, copied before feeding), the
+    fingerprint items among them (``key_items``), and what the entry kept one item earlier
+    (``before``, ``key_before``; None when ``n`` is not the entry's whole history)."""
+
+    n: int
+    length: int
+    fold: Any
+    key_items: tuple[Any, ...]
+    before: Any
+    key_before: tuple[Any, ...]
+
+    def spans(self, entry: Prefix, start: int) -> list[Span]:
+        """The first ``n`` kept items' spans in a body whose history's ``[`` is at ``start``."""
+        if entry.absolute and start == len(entry.head):
+            return list(entry.absolute[: self.n])
+        return [(start + s, start + e) for s, e in entry.spans[: self.n]]
+
+
+def point(raw: bytes, start: int, entry: Prefix) -> Point | None:
+    """The longest kept prefix of ``entry`` that ``raw``'s history (its ``[`` at ``start``)
+    starts with, byte for byte: every kept item, or every one but the last (then the entry's
+    ``before`` state resumes); None: neither."""
+    if raw.startswith(entry.items, start):
+        n = len(entry.spans)
+        return Point(n, len(entry.items), entry.fold, entry.key_items, entry.before, entry.key_before)
+    if entry.before is None or len(entry.spans) < 2:
+        return None
+    length = entry.spans[-2][1]
+    if raw[start : start + length] != entry.items[:length]:
+        return None
+    return Point(len(entry.spans) - 1, length, entry.before, entry.key_before, None, ())
+
+
+def _feed(fold: Any, items: list[Any], first: int) -> Any:
+    """Feed ``items`` (history positions ``first``…) to ``fold``; returns a copy of it taken
+    before the last one (None when ``items`` is empty)."""
+    before = None
+    for pos, item in enumerate(items, first):
+        if pos == first + len(items) - 1:
+            before = fold.copy()
+        fold.feed(pos, item)
+    return before
+
+
 def _keep(
     raw: bytes,
     start: int,
@@ -287,17 +343,39 @@ def _keep(
     fold: Any,
     offered: bytes,
     key_items: list[Any],
+    before: Any = None,
+    key_before: list[Any] | None = None,
+    kept: tuple[tuple[Span, ...], int] | None = None,
 ) -> Prefix | None:
     """The entry of a history read (its items at ``spans``, ``start``: its ``[``), None when it
-    has no item."""
+    has no item. ``before``/``key_before``: the parse state and fingerprint items after every
+    item but the last. ``kept``: the relative spans of the first items as the resumed entry
+    holds them, and how many (so only the new ones are shifted)."""
     if not spans:
         return None
     last = spans[-1][1]
     extra = start + sum(len(jsonbody.dumps(item, default=str)) for item in key_items)  # head, key items
     size = entry_size(last - start, len(fold.calls), len(spans)) + extra
     digest = hash(raw[:HEAD_BYTES]) if last >= HEAD_BYTES else None
-    rel = tuple((s - start, e - start) for s, e in spans)
-    return Prefix(raw[start:last], rel, fold, size, offered, None, raw[:start], tuple(key_items), digest)
+    if kept is not None:
+        old, n = kept
+        rel = old[:n] + tuple((s - start, e - start) for s, e in spans[n:])
+    else:
+        rel = tuple((s - start, e - start) for s, e in spans)
+    return Prefix(
+        raw[start:last],
+        rel,
+        fold,
+        size,
+        offered,
+        None,
+        raw[:start],
+        tuple(key_items),
+        digest,
+        before=before if len(spans) > 1 else None,
+        key_before=tuple(key_before or ()),
+        absolute=tuple(spans),
+    )
 
 
 def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: PrefixCache | None) -> Read:
@@ -329,24 +407,33 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     kept_edits: Any = None
     spans: list[Span] | None = None
     key_items: list[Any] = []
-    if kept is not None and kept.tools == offered and raw.startswith(kept.items, start):
-        n = len(kept.spans)
-        tail, end = jsonbody.items_after(raw, start + len(kept.items), listed[n:])
+    key_before: list[Any] = []
+    before: Any = None
+    at = point(raw, start, kept) if kept is not None and kept.tools == offered else None
+    resumed: tuple[tuple[Span, ...], int] | None = None
+    if at is not None and kept is not None and at.n <= len(listed):
+        n = at.n
+        tail, end = jsonbody.items_after(raw, start + at.length, listed[n:])
         if n + len(tail) == len(listed):
-            spans = [(start + s, start + e) for s, e in kept.spans] + tail
-            fold = kept.fold.copy()
+            spans = at.spans(kept, start) + tail
+            fold = at.fold.copy()
             checkpoint = kept.checkpoint
             kept_edits = kept.edits
-            for pos in range(n, len(listed)):
-                fold.feed(pos, listed[pos])
-            key_items = _key_items(listed, kept.key_items, n)
+            before = _feed(fold, listed[n:], n)
+            if before is None:  # nothing new: the point's own earlier state
+                before = at.before
+            key_items = fingerprint_items([*at.key_items, *listed[n:]])
+            key_before = (
+                fingerprint_items([*at.key_items, *listed[n:-1]]) if n < len(listed) else list(at.key_before)
+            )
+            resumed = (kept.spans, n)
     if fold is None:
         spans = jsonbody.items(raw, start, listed)
         end = jsonbody.items_after(raw, spans[-1][1])[1] if spans else jsonbody.items_after(raw, start + 1)[1]
         fold = dialect.Fold(tools)
-        for pos, item in enumerate(listed):
-            fold.feed(pos, item)
-        key_items = _key_items(listed, (), 0)
+        before = _feed(fold, listed, 0)
+        key_items = fingerprint_items(listed)
+        key_before = fingerprint_items(listed[:-1])
         cache.stats.misses += 1
     else:
         cache.stats.hits += 1
@@ -354,16 +441,10 @@ def read(raw: bytes, body: dict[str, Any], dialect: Dialect, key: str, cache: Pr
     if len(spans) != len(listed) or member in jsonbody.keys_after(raw, end, body):
         return Read(dialect.parse_request(body))  # the member given twice: decoders read the last
     transcript = fold.finish(len(listed), body.get("tool_choice"))
-    entry = _keep(raw, start, spans, fold, offered, key_items)
+    entry = _keep(raw, start, spans, fold, offered, key_items, before, key_before, resumed)
     if entry is not None:
         cache.put(dialect.PATH_SUFFIX, key, entry)
     return Read(transcript, spans, checkpoint, entry, kept_edits)
-
-
-def _key_items(listed: list[Any], kept: tuple[Any, ...], n: int) -> list[Any]:
-    """The fingerprint's items of ``listed`` whose first ``n`` items had ``kept`` as theirs, as
-    positions' items in order (the first :func:`fingerprint_items` places, at most 3)."""
-    return fingerprint_items([*kept, *listed[n:]])
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +458,8 @@ class Found:
     new: list[Any]
     tail: list[Span]
     tools: Any
+    #: where it resumes the entry (every kept item, or every one but the last)
+    at: Point
 
     @property
     def start(self) -> int:
@@ -386,7 +469,7 @@ class Found:
     def key_body(self, member: str) -> dict[str, Any]:
         """A body whose conversation key is the whole body's
         (:func:`proxy.request.conversation.fingerprint_items`)."""
-        return {**self.body, member: [*self.entry.key_items, *self.new]}
+        return {**self.body, member: [*self.at.key_items, *self.new]}
 
 
 def find(raw: bytes, dialect: Dialect, cache: PrefixCache) -> Found | None:
@@ -403,9 +486,10 @@ def find(raw: bytes, dialect: Dialect, cache: PrefixCache) -> Found | None:
         return None
     for entry in cache.candidates(dialect.PATH_SUFFIX, raw):
         start = len(entry.head)
-        if not (raw.startswith(entry.head) and raw.startswith(entry.items, start)):
+        at = point(raw, start, entry) if raw.startswith(entry.head) else None
+        if at is None:
             continue
-        cut = start + len(entry.items)
+        cut = start + at.length
         try:
             doc = orjson.loads(b"".join((entry.head, b"[0", raw[cut:])))
         except orjson.JSONDecodeError:
@@ -426,7 +510,7 @@ def find(raw: bytes, dialect: Dialect, cache: PrefixCache) -> Found | None:
         if tools_key(tools) != entry.tools:
             return None
         doc[member] = new
-        return Found(entry, doc, new, tail, tools)
+        return Found(entry, doc, new, tail, tools, at)
     return None
 
 
@@ -434,16 +518,19 @@ def resume(found: Found, raw: bytes, dialect: Dialect, key: str, cache: PrefixCa
     """:func:`read` of ``raw`` from what :func:`find` found: the kept parse state fed the new
     items, the new entry kept under ``key`` (this request's key, whichever key the resumed entry
     was kept under). Raises :class:`proxy.errors.DialectError` as :func:`read` does."""
-    kept, start = found.entry, found.start
-    n = len(kept.spans)
-    spans = [(start + s, start + e) for s, e in kept.spans] + found.tail
-    fold = kept.fold.copy()
-    for pos, item in enumerate(found.new, n):
-        fold.feed(pos, item)
-    transcript = fold.finish(n + len(found.new), found.body.get("tool_choice"))
+    kept, start, at, new = found.entry, found.start, found.at, found.new
+    n = at.n
+    spans = at.spans(kept, start) + found.tail
+    fold = at.fold.copy()
+    before = _feed(fold, new, n)
+    if before is None:  # nothing new: the point's own earlier state
+        before = at.before
+    transcript = fold.finish(n + len(new), found.body.get("tool_choice"))
     cache.stats.hits += 1
     cache.stats.fast_hits += 1
-    entry = _keep(raw, start, spans, fold, kept.tools, fingerprint_items([*kept.key_items, *found.new]))
+    key_items = fingerprint_items([*at.key_items, *new])
+    key_before = fingerprint_items([*at.key_items, *new[:-1]]) if new else list(at.key_before)
+    entry = _keep(raw, start, spans, fold, kept.tools, key_items, before, key_before, (kept.spans, n))
     if entry is not None:
         cache.put(dialect.PATH_SUFFIX, key, entry)
     return Read(transcript, spans, kept.checkpoint, entry, kept.edits)
@@ -454,7 +541,7 @@ def full_body(found: Found, raw: bytes, member: str, positions: Any) -> dict[str
     of the kept ones those at ``positions`` decoded from their bytes (the items a dialect's
     ``apply`` reads: those its actions edit); the other kept items are None."""
     kept, start = found.entry, found.start
-    n = len(kept.spans)
+    n = found.at.n
     items: list[Any] = [None] * n + found.new
     for p in positions:
         if 0 <= p < n:
