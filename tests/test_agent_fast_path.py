@@ -21,10 +21,10 @@ Each test asserts:
    stop (loopguard's counters), the same number of times the agent ran the command, the same
    exit.
 
-Claude Code never resumes (finding, pinned as a strict xfail): it moves its ``cache_control``
-marker to the newest message on every request, and a one-block content list it moved away from
-becomes a plain string, so the previous request's last message never reappears byte for byte
-and the kept history is never a prefix of the next body (:mod:`tests.claude_code`).
+Claude Code moves its ``cache_control`` marker to the newest message on every request, so the
+previous request's last message never reappears byte for byte: its requests resume one message
+earlier (found by this test: before that, Claude Code never resumed). A one-block content list it
+moved away from becomes a plain string, which makes its second request a miss.
 
 The harnesses, their skip conditions and wire shapes: :mod:`tests.codex_cli`,
 :mod:`tests.claude_code`, :mod:`tests.qwen_code`.
@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from proxy.request.prefix_cache import FAST_MIN
@@ -322,7 +321,7 @@ async def test_claude_code_session_reaches_the_model_as_without_the_cache(
     upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
     """7 bodies, 49,375 → 178,792 bytes (the 2nd on past 64 KiB); loopguard's stop ends the
-    session at the 7th answer. The cache resumes none of them (see the next test)."""
+    session at the 7th answer (the cache counts: the next test)."""
     launch = claude_launch(find_claude())
     on, _ = await same_both_ways(upstream, make_proxy, tmp_path, claude_fake, launch, CLAUDE_VOLATILE, "")
     assert sizes(on) == [49375, 70895, 92440, 113985, 135530, 157272, 178792]
@@ -330,18 +329,17 @@ async def test_claude_code_session_reaches_the_model_as_without_the_cache(
     assert (on.stats["reminders_injected"], on.stats["results_withheld"], on.stats["stops"]) == (2, 1, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: Claude Code rewrites its previous last message on every request (cache_control "
-    "moves to the newest block; a one-block list it leaves becomes a string), so the kept history is "
-    "never a byte prefix of the next body: 7 misses, 0 hits, 0 fast hits",
-)
 async def test_claude_code_session_takes_the_fast_path(
     upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
+    """Claude Code rewrites its previous last message on every request (``cache_control`` moves
+    to the newest block): each request resumes one message earlier than the kept history ends
+    (:func:`proxy.request.prefix_cache.point`). The second request misses: Claude Code turns its
+    first system note's one-block content list into a string then (a changed early message)."""
     on = await session(upstream, make_proxy, tmp_path, claude_fake(), None, claude_launch(find_claude()), "")
     assert len(on.got) == 7
-    assert_resumed(on)
+    hits, misses, fast, _, evictions = cache_counts(on)
+    assert (hits, misses, fast, evictions) == (5, 2, 5, 0), (sizes(on), on.stats)
 
 
 # --- Qwen Code ------------------------------------------------------------------------------------
