@@ -150,7 +150,7 @@ class RepeatedFailure:
             return None
         n = s.counts[on] = s.counts.get(on, 0) + 1
         if n < cfg.failures:
-            s.waiting.setdefault(on, []).append(call.seq)
+            s.waiting[on] = (*s.waiting.get(on, ()), call.seq)  # tuples: a state copy shares them
             return None
         for seq in s.waiting.pop(on, ()):
             earlier = self._failures(calls[seq].result)
@@ -244,7 +244,7 @@ class FailureState:
         self.turn = -1
         self.runs: dict[tuple[str, str | None], int] = {}
         self.counts: dict[tuple[str, str | None], int] = {}
-        self.waiting: dict[tuple[str, str | None], list[int]] = {}
+        self.waiting: dict[tuple[str, str | None], tuple[int, ...]] = {}
         self.last: dict[tuple[str, str], tuple[int, int, bool]] = {}
 
     def copy(self) -> FailureState:
@@ -252,5 +252,5 @@ class FailureState:
         out = FailureState(self.episodes.copy(), epochs, self.judge.copy(epochs))
         out.next, out.turn = self.next, self.turn
         out.runs, out.counts, out.last = dict(self.runs), dict(self.counts), dict(self.last)
-        out.waiting = {k: list(v) for k, v in self.waiting.items()}
+        out.waiting = dict(self.waiting)
         return out
