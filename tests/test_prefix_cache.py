@@ -430,6 +430,7 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert kept["bytes"] == entry.size  # the server kept what a fresh read of the last request keeps
     assert "loopguard_prefix_cache_hits_total 4.0" in text
     assert "loopguard_prefix_cache_misses_total 1.0" in text
+    assert "loopguard_prefix_cache_fast_hits_total 0.0" in text  # small bodies
     assert "loopguard_prefix_cache_entries 1.0" in text
     # the fourth request reminds (the third read of app.py), the fifth again: it reuses that edit
     assert kept["edit_hits"] == 1

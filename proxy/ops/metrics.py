@@ -21,7 +21,8 @@ calls, written as text and repaired: issue 13), and
 upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
 ``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),
 ``loopguard_prefix_cache_misses_total`` (requests read in full), ``loopguard_prefix_cache_evictions_total``
-(conversations dropped for the budget), ``loopguard_prefix_cache_edit_hits_total`` (requests that
+(conversations dropped for the budget), ``loopguard_prefix_cache_fast_hits_total`` (hits found
+before the body was decoded), ``loopguard_prefix_cache_edit_hits_total`` (requests that
 reused the edits their previous request made before its last step), and the gauges
 ``loopguard_prefix_cache_bytes`` and ``loopguard_prefix_cache_entries`` (kept now).
 """
@@ -98,6 +99,11 @@ class _StatsCollector(Collector):
                 "loopguard_prefix_cache_evictions",
                 "Conversations dropped for the byte budget.",
                 value=p.evictions,
+            )
+            yield CounterMetricFamily(
+                "loopguard_prefix_cache_fast_hits",
+                "Hits found before the body was decoded (bodies of 64 KiB or more).",
+                value=p.fast_hits,
             )
             yield CounterMetricFamily(
                 "loopguard_prefix_cache_edit_hits",
