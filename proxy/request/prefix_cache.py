@@ -140,7 +140,7 @@ class Prefix:
 
 @dataclass(slots=True)
 class Stats:
-    """Counters for ``/loop-guard/stats`` and ``/metrics``: ``hits`` (requests that resumed a
+    """Counters for ``GET /loop-guard`` and ``/loop-guard/metrics``: ``hits`` (requests that resumed a
     kept prefix), ``misses`` (requests read in full with the cache on), ``evictions`` (entries
     dropped for the budget), ``bytes`` and ``entries`` (kept now), ``fast_hits`` (hits found
     before the body was decoded, :func:`find`), ``edit_hits`` (requests that reused the previous
@@ -250,7 +250,7 @@ class PrefixCache:
         self.stats.entries = 0
 
     def snapshot(self) -> dict[str, int]:
-        """The counters and the budget, for ``/loop-guard/stats``."""
+        """The counters and the budget, for ``GET /loop-guard``."""
         s = self.stats
         return {
             "hits": s.hits,
