@@ -50,6 +50,7 @@ from collections import Counter, deque
 from proxy.actions import Action, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
+from proxy.guards.resume import unread
 from proxy.ops.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge, same_result
@@ -118,9 +119,7 @@ class CircuitBreaker:
         judge, in_window, seen, distinct = s.judge, s.in_window, s.seen, s.distinct
         actions: list[Action] = []
         calls = transcript.calls
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             if not self.guarded(call.name):  # unguarded calls are ignored entirely: no situation
                 continue
             key = (

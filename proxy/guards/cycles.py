@@ -34,6 +34,7 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import CyclesConfig
 from proxy.progress import same_result
@@ -132,9 +133,7 @@ class Cycles:
             return memo[(k, p)]
 
         actions: list[Action] = []
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             epochs.add(call)
             group = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
             if group != s.group:

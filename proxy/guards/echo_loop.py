@@ -25,6 +25,7 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import Situations
 from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import EchoLoopConfig
 from proxy.progress import mask
@@ -120,9 +121,7 @@ class EchoLoop:
         # the previous call's shape and residue (masking is the costly part: at most once per call)
         prev = self.shape(calls[s.prev]) if s.prev is not None else None
         prev_rest: str | _Unset | None = UNSET
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode: no previous call, the chain starts over
                 s.episode, s.prev, prev = episode, None, None

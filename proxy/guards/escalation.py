@@ -43,6 +43,7 @@ from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.effects import Situations
 from proxy.episodes import EpisodeCounter
+from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized
 from proxy.ops.config import EscalationConfig
 from proxy.progress import Masks, same_result
@@ -128,9 +129,7 @@ class Escalation:
                 about.setdefault(action.call, []).append(action.after)
         masks = self._situations.masks
         actions: list[Action] = []
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
                 s.episode, s.start, s.tracks = episode, call.seq, {}

@@ -22,6 +22,7 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.guards.turns import remind_after_step
 from proxy.ops.config import RecurrenceConfig
 from proxy.progress import RepeatJudge
@@ -79,9 +80,7 @@ class Recurrence:
         actions: list[Action] = []
         calls = transcript.calls
         s = state
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             if s.epochs is not None:
                 s.epochs.add(call)
             # the turn (progress-aware: the episode, a continuation does not split it)

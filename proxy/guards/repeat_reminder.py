@@ -28,6 +28,7 @@ from proxy.actions import Action, Remind
 from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
+from proxy.guards.resume import unread
 from proxy.ops.config import RepeatReminderConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
@@ -98,9 +99,7 @@ class RepeatReminder:
         actions: list[Action] = []
         calls = transcript.calls
         s = state
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             if not self.tracked(call.name):  # untracked: transparent, they change no situation either
                 continue
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))

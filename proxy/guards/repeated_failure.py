@@ -34,6 +34,7 @@ from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
 from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, RejectionRule, compile_pattern, edge_text
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.guards.turns import memoized, remind_after_step
 from proxy.ops.config import RepeatedFailureConfig
 from proxy.progress import RepeatJudge
@@ -167,9 +168,7 @@ class RepeatedFailure:
         actions: list[Action] = []
         calls = transcript.calls
         s = state
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             if s.epochs is not None:
                 s.epochs.add(call)
             turn = s.episodes.of(transcript, call.position)

@@ -34,16 +34,26 @@ promise (an action before the cut that depends on what comes after) is caught th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proxy.actions import Action
-from proxy.transcript import Transcript
+from proxy.transcript import ToolCall, Transcript
 
 if TYPE_CHECKING:
     from proxy.guards import Context, Guard
+
+
+def unread(state: Any, calls: Sequence[ToolCall], upto: int) -> Iterator[ToolCall]:
+    """The calls of ``calls`` (a transcript's, in order) that ``state`` has not read, at message
+    positions before ``upto``; each counts as read (``state.next``, its ``seq`` + 1) once handed
+    out. The loop every resumable guard's ``advance`` runs over calls."""
+    while state.next < len(calls) and calls[state.next].position < upto:
+        call = calls[state.next]
+        state.next += 1
+        yield call
 
 
 def resumable(guard: object) -> bool:

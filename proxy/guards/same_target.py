@@ -30,6 +30,7 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import SameTargetConfig
 from proxy.progress import same_result
@@ -88,9 +89,7 @@ class SameTarget:
         actions: list[Action] = []
         calls = transcript.calls
         s = state
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             s.epochs.add(call)
             turn = s.episodes.of(transcript, call.position)
             if turn != s.turn:  # a new episode: no run goes on across it

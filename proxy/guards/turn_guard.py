@@ -49,6 +49,7 @@ from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.failures import FailureRule
 from proxy.guards.repeat_reminder import preview
+from proxy.guards.resume import unread
 from proxy.ops.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, path_key
@@ -220,9 +221,7 @@ class TurnGuard:
         actions: list[Action] = []
         calls = transcript.calls
         s = state
-        while s.next < len(calls) and calls[s.next].position < upto:
-            call = calls[s.next]
-            s.next += 1
+        for call in unread(s, calls, upto):
             if call.turn != s.turn.turn:  # every turn starts a fresh ledger
                 s.turn = self._open(call.turn)
             trip = self._read(s.turn, call)
