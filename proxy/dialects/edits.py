@@ -218,6 +218,28 @@ def apply_kept(
     )
 
 
+def kept_apply(
+    wire: Wire, apply_all: Callable[[bytes, Sequence[Action], Any, Sequence[tuple[int, int]]], bytes | None]
+) -> Callable[[bytes, Sequence[Action], Any, Sequence[tuple[int, int]], Kept | None, int | None], Applied]:
+    """The ``apply_kept(raw, actions, body, spans, kept, cut)`` of a dialect whose rewrite is
+    :func:`apply` with ``wire`` (chat, Responses): :func:`apply_kept`, except that a withhold of
+    one ``<tool_response>`` block (``part`` set) is a full ``apply_all`` that keeps nothing."""
+
+    def apply_kept_for(
+        raw: bytes,
+        actions: Sequence[Action],
+        body: Any,
+        spans: Sequence[tuple[int, int]],
+        kept: Kept | None,
+        cut: int | None,
+    ) -> Applied:
+        if any(isinstance(a, Withhold) and a.part is not None for a in actions):
+            return Applied(apply_all(raw, actions, body, spans), None)
+        return apply_kept(raw, actions, body, wire, spans, kept, cut)
+
+    return apply_kept_for
+
+
 def reuse(
     raw: bytes,
     actions: Sequence[Action],

@@ -221,20 +221,9 @@ def apply(
     return edits.apply(raw, _whole(raw, actions, body), body, WIRE, spans)
 
 
-def apply_kept(
-    raw: bytes,
-    actions: Sequence[Action],
-    body: Any,
-    spans: Sequence[tuple[int, int]],
-    kept: edits.Kept | None,
-    cut: int | None,
-) -> edits.Applied:
-    """:func:`apply` reusing the previous request's edits before its cut
-    (:func:`proxy.dialects.edits.apply_kept`; its promise on ``kept`` holds here). A withhold of
-    one ``<tool_response>`` block is a full :func:`apply` that keeps nothing."""
-    if any(isinstance(a, Withhold) and a.part is not None for a in actions):
-        return edits.Applied(apply(raw, actions, body, spans), None)
-    return edits.apply_kept(raw, actions, body, WIRE, spans, kept, cut)
+#: :func:`apply` reusing the previous request's edits before its cut
+#: (:func:`proxy.dialects.edits.kept_apply`)
+apply_kept = edits.kept_apply(WIRE, apply)
 
 
 def _whole(raw: bytes, actions: Sequence[Action], body: Any) -> Sequence[Action]:
