@@ -16,6 +16,7 @@ from proxy.ops.config import CircuitBreakerConfig, Config, build
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.rewrite import decide_request
 from tests.fakes import only_guard
+from tests.resume_check import assert_resumes
 
 RESULT = "print('hi')"
 
@@ -449,12 +450,6 @@ def test_a_state_advanced_in_two_parts_withholds_what_the_whole_run_does(
 ) -> None:
     messages = conversation(letters(spec))
     t = parse_request({"messages": messages})
-    g = breaker(**cfg)
-    whole = g(t, None)
+    # cut at every step's assistant message
+    whole = assert_resumes(breaker(**cfg), t, cuts=[step.position for step in t.steps])
     assert denied_calls(messages, whole) == denied  # type: ignore[arg-type]
-    for step in t.steps:  # cut at every step's assistant message
-        state = g.begin()
-        first = g.advance(state, t, None, step.position)
-        kept = state.copy()
-        assert first + g.advance(state, t, None, t.message_count) == whole
-        assert first + g.advance(kept, t, None, t.message_count) == whole  # the copy is independent

@@ -22,6 +22,7 @@ from proxy.response.assemble import AssembledCall
 from proxy.response.decide import ESCALATION_TEXT, StopJudge
 from tests.agent_steps import History
 from tests.fakes import FakeUpstream, scripted_model, tool_call
+from tests.resume_check import assert_resumes
 from tests.rule_helpers import call_at, transcript
 from tests.sdk_agent import agent_loop, snapshot
 
@@ -399,15 +400,9 @@ def test_a_target_first_reminded_after_the_cut_is_judged_from_its_first_call() -
         for n in (3, 4)
     )
     ctx = Context(prior=prior)
-    g = Escalation(EscalationConfig())
-    whole = g(t, ctx)
+    # cut at every step's assistant message
+    whole = assert_resumes(Escalation(EscalationConfig()), t, ctx, cuts=[step.position for step in t.steps])
     assert [(a.position, a.count) for a in whole] == [(h.result_position(5), 2), (h.result_position(6), 2)]
-    for step in t.steps:  # cut at every step's assistant message
-        state = g.begin()
-        first = g.advance(state, t, ctx, step.position)
-        kept = state.copy()
-        assert first + g.advance(state, t, ctx, t.message_count) == whole
-        assert first + g.advance(kept, t, ctx, t.message_count) == whole  # the copy is independent
 
 
 def test_a_new_result_before_the_reminders_sets_the_count_back_when_resumed() -> None:
@@ -430,10 +425,5 @@ def test_a_new_result_before_the_reminders_sets_the_count_back_when_resumed() ->
         for n in (2, 4, 5)
     )
     ctx = Context(prior=prior)
-    g = Escalation(EscalationConfig())
-    whole = g(t, ctx)
+    whole = assert_resumes(Escalation(EscalationConfig()), t, ctx, cuts=[step.position for step in t.steps])
     assert [(a.position, a.count) for a in whole] == [(h.result_position(6), 2)]
-    for step in t.steps:
-        state = g.begin()
-        first = g.advance(state, t, ctx, step.position)
-        assert first + g.advance(state.copy(), t, ctx, t.message_count) == whole

@@ -13,6 +13,7 @@ from proxy.dialects import openai_chat
 from proxy.guards.monologue import Monologue
 from proxy.ops.config import MonologueConfig, build
 from tests.agent_steps import History
+from tests.resume_check import assert_resumes
 from tests.rule_helpers import transcript
 
 SAME = "Let me check the configuration again."
@@ -251,17 +252,8 @@ def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
 ) -> None:
     """Issue 15: the state after any message position, advanced (or a copy of it) over the rest,
     decides what the whole-transcript call decides."""
-    g = guard()
-    t = transcript(history)
-    whole = g(t, None)
+    whole = assert_resumes(guard(), transcript(history))
     assert [(a.after, a.delivery, a.count) for a in whole] == expected
-    for upto in range(t.message_count + 1):
-        state = g.begin()
-        first = g.advance(state, t, None, upto)
-        kept = state.copy()
-        assert first + g.advance(state, t, None, t.message_count) == whole, upto
-        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
-        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read
 
 
 def test_a_text_only_reply_is_decided_when_the_message_after_it_is_read() -> None:

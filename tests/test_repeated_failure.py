@@ -11,6 +11,7 @@ from proxy.actions import Remind
 from proxy.guards.repeated_failure import RepeatedFailure
 from proxy.ops.config import RepeatedFailureConfig, build
 from tests.agent_steps import History
+from tests.resume_check import assert_resumes
 from tests.rule_helpers import summary, transcript
 
 NOT_FOUND = "ERROR: apply_diff failed: the SEARCH block was not found (41% similar)\nBest match: line 6"
@@ -213,12 +214,4 @@ def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
     decides what the whole-transcript call decides."""
     g = guard()
     assert summary(g, history) == expected
-    t = transcript(history)
-    whole = g(t, None)
-    for upto in range(t.message_count + 1):
-        state = g.begin()
-        first = g.advance(state, t, None, upto)
-        kept = state.copy()
-        assert first + g.advance(state, t, None, t.message_count) == whole, upto
-        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
-        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read
+    assert_resumes(g, transcript(history))

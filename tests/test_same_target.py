@@ -10,6 +10,7 @@ import pytest
 from proxy.guards.same_target import SameTarget
 from proxy.ops.config import SameTargetConfig, build
 from tests.agent_steps import Call, History
+from tests.resume_check import assert_resumes
 from tests.rule_helpers import summary, transcript
 
 
@@ -65,14 +66,5 @@ def test_same_target(history: History, expected: list[tuple[str, int, int]]) -> 
 def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
     history: History, expected: list[tuple[str, int, int]]
 ) -> None:
-    g = guard()
-    t = transcript(history)
-    whole = g(t, None)
+    whole = assert_resumes(guard(), transcript(history))
     assert len(whole) == len(expected)
-    for upto in range(t.message_count + 1):
-        state = g.begin()
-        first = g.advance(state, t, None, upto)
-        kept = state.copy()
-        assert first + g.advance(state, t, None, t.message_count) == whole, upto
-        assert first + g.advance(kept, t, None, t.message_count) == whole, upto  # the copy is independent
-        assert g.advance(state, t, None, t.message_count) == []  # nothing left to read

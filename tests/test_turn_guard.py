@@ -17,6 +17,7 @@ from proxy.ops.config import Config, TurnGuardConfig, build
 from proxy.request.rewrite import decide_request
 from tests.agent_steps import Call, History
 from tests.fakes import only_guard
+from tests.resume_check import assert_resumes
 
 OK = "ok"
 FAIL = "Error: boom"
@@ -407,15 +408,13 @@ def test_a_state_advanced_in_two_parts_withholds_what_the_whole_run_does(
     h = build_history()
     t = parse_request({"messages": h.messages})
     g = guard()
-    whole = g(t, None)
+
+    def ledger_kept() -> None:  # kept by the advance to the end
+        assert g.ledger(t) == guard().ledger(t)
+
+    # cut at every step's assistant message
+    whole = assert_resumes(g, t, cuts=[step.position for step in t.steps], after=ledger_kept)
     assert withheld(h, whole) == denied  # type: ignore[arg-type]
-    for step in t.steps:  # cut at every step's assistant message
-        state = g.begin()
-        first = g.advance(state, t, None, step.position)
-        kept = state.copy()
-        assert first + g.advance(state, t, None, t.message_count) == whole
-        assert g.ledger(t) == guard().ledger(t)  # kept by the advance to the end
-        assert first + g.advance(kept, t, None, t.message_count) == whole  # the copy is independent
 
 
 def test_ledger_after_a_resumed_evaluation_equals_a_fresh_replay() -> None:
