@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
+from proxy.dialects import text_calls
 from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 
 _F = TypeVar("_F", bound="FoldState")
@@ -99,6 +100,29 @@ class FoldState:
         if not queue:
             del self.pending[call_id]
         return seq
+
+    def user_text(self, pos: int, text: str) -> None:
+        """Read a user message's ``text`` at ``pos`` (chat, Responses): right after a step of calls
+        written as text, ``<tool_response>`` blocks are those calls' results (one per block, in
+        order; not a user turn), else it is a user turn."""
+        waiting = self._text_results_wanted() if self.last_kind == "step" else []
+        results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
+        if results is not None:
+            for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
+                self.take(None, seq)
+                self.settle(seq, ToolResult(pos, result, part=part))
+            return
+        self.turn += 1
+        self.users.append(pos)
+        self.said.append(Said(pos, "user", text))
+        self.last_kind = "user"
+
+    def _text_results_wanted(self) -> list[int]:
+        """The seqs of the latest step's calls still without a result, when it is a text step."""
+        steps = self.steps
+        if not steps or not steps[-1].get("text"):
+            return []
+        return [s for s in steps[-1]["calls"] if self.waiting(s)]
 
     def settle(self, seq: int, result: ToolResult) -> None:
         """Give call ``seq`` (taken from the waiting ones) its ``result``: the call is built, its

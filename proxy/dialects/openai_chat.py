@@ -93,18 +93,7 @@ class Fold(FoldState):
         calls, steps = self.calls, self.steps
         role = msg.get("role")
         if role == "user":
-            text = content_text(msg.get("content"))
-            waiting = _text_results_wanted(self) if self.last_kind == "step" else []
-            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
-            if results is not None:  # the results of the text calls before it, not a user turn
-                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
-                    self.take(None, seq)
-                    self.settle(seq, ToolResult(pos, result, part=part))
-                return
-            self.turn += 1
-            self.users.append(pos)
-            self.said.append(Said(pos, "user", text))
-            self.last_kind = "user"
+            self.user_text(pos, content_text(msg.get("content")))
         elif role == "assistant":
             text = content_text(msg.get("content"))
             if text.strip():
@@ -154,14 +143,6 @@ class Fold(FoldState):
                 self.last_kind = "other"
         else:
             self.last_kind = "other"
-
-
-def _text_results_wanted(fold: FoldState) -> list[int]:
-    """The seqs of the latest step's calls still without a result, when it is a text step."""
-    steps = fold.steps
-    if not steps or not steps[-1].get("text"):
-        return []
-    return [s for s in steps[-1]["calls"] if fold.waiting(s)]
 
 
 #: How chat requests carry results and take reminders (:mod:`proxy.dialects.edits`).

@@ -152,18 +152,7 @@ class Fold(FoldState):
                 self.last_kind = "other"
             return
         if kind == "message" and item.get("role") == "user":
-            text = content_text(item.get("content"))
-            waiting = _text_results_wanted(self) if self.last_kind == "step" else []
-            results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
-            if results is not None:  # the results of the text calls before it, not a user turn
-                for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
-                    self.take(None, seq)
-                    self.settle(seq, ToolResult(pos, result, part=part))
-                return
-            self.turn += 1
-            self.users.append(pos)
-            said.append(Said(pos, "user", text))
-            self.last_kind = "user"
+            self.user_text(pos, content_text(item.get("content")))
         elif kind == "message" and item.get("role") == "assistant":
             text = content_text(item.get("content"))
             written = None
@@ -180,14 +169,6 @@ class Fold(FoldState):
             self.last_kind = "step" if written is not None else "assistant"
         else:
             self.last_kind = "other"
-
-
-def _text_results_wanted(fold: FoldState) -> list[int]:
-    """The seqs of the latest step's calls still without a result, when it is a text step."""
-    steps = fold.steps
-    if not steps or not steps[-1].get("text"):
-        return []
-    return [s for s in steps[-1]["calls"] if fold.waiting(s)]
 
 
 def _result_member(kind: edits.Kind) -> str:
