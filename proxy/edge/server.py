@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ipaddress
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -78,9 +80,10 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
 from proxy.ops.observe import SERVER_LOG, Stats, action_summary
+from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.prefix_cache import PrefixCache
-from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
+from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore, store_key
 from proxy.request.rewrite import RequestDecision, decide_request
 from proxy.request.shared import newer
 from proxy.response import as_stream
@@ -103,6 +106,13 @@ PREFIX_KEY = web.AppKey("prefix_cache", object)
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
 INFLIGHT_KEY = web.AppKey("inflight", set)
+#: The tasks handling a forwarded request now (a shutdown's grace waits for them).
+OPEN_KEY = web.AppKey("open", set)
+#: The tasks sending a request upstream that has not answered its headers yet (cancelled at the
+#: end of a shutdown's grace period: their agents get a 503).
+PENDING_KEY = web.AppKey("pending", set)
+#: Set when a shutdown's grace period is over.
+GRACE_OVER_KEY = web.AppKey("grace_over", asyncio.Event)
 #: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
 CAPTURE_KEY = web.AppKey("capture", CaptureLog)
 #: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
@@ -151,6 +161,10 @@ RUNTIME: Any = (
     web.RequestKey("loopguard.runtime", Runtime) if hasattr(web, "RequestKey") else "loopguard.runtime"
 )
 DONE_MARK = b"[DONE]"
+#: Seconds a shutdown gives the requests it ended at the end of its grace period to write their
+#: answers (a 503, an error event) and log lines, and aiohttp to close the connections: the
+#: whole shutdown takes at most ``listen.shutdown_grace_s`` plus about three times this.
+FINISH_S = 1.0
 #: Seconds an answer given before the whole request body came waits for the rest (see start()).
 LINGER_S = 1.0
 
@@ -249,13 +263,70 @@ async def reload_handler(request: web.Request) -> web.Response:
     return web.json_response({"status": "reloaded"})
 
 
+#: The proxy's own routes (path → the methods each answers): everything else under
+#: ``/loop-guard`` is answered 404 or 405 by the proxy, never forwarded (:func:`_own_miss`).
+ADMIN_ROUTES = {
+    "/loop-guard": ("GET", "HEAD"),
+    "/loop-guard/healthz": ("GET", "HEAD"),
+    "/loop-guard/metrics": ("GET", "HEAD"),
+    "/loop-guard/reload": ("POST",),
+}
+#: The routes that show or change what conversations did (incidents, per-conversation ledgers
+#: with call targets, a reload): without ``admin_token`` they answer loopback peers only.
+#: Health and metrics stay open: they hold no conversation's data, and probes and scrapers
+#: (Kubernetes, a load balancer, Prometheus in another container) are not on loopback.
+LOOPBACK_ONLY = frozenset({"/loop-guard", "/loop-guard/reload"})
+
+
+def _loopback(request: web.Request) -> bool:
+    """The peer is this host's loopback (``127.0.0.0/8``, ``::1``, an IPv4-mapped one)."""
+    try:
+        address = ipaddress.ip_address(request.remote or "")
+    except ValueError:  # a unix socket, or no peer
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 def _check_admin(request: web.Request) -> None:
+    """401 without the right ``admin_token`` when one is set; without one, 403 for a peer that
+    is not on loopback asking a :data:`LOOPBACK_ONLY` route (a proxy bound to 0.0.0.0 in a
+    container must not show its conversations to the network)."""
     token = _rt(request).cfg.admin_token
     if token and request.headers.get("Authorization", "") != f"Bearer {token}":
         raise web.HTTPUnauthorized(
             text=_error_body("missing or wrong admin token", "unauthorized", 401).decode(),
             content_type="application/json",
         )
+    if not token and request.path in LOOPBACK_ONLY and not _loopback(request):
+        message = "loopguard: without admin_token this route answers loopback clients only; set admin_token"
+        raise web.HTTPForbidden(
+            text=_error_body(message, "forbidden", 403).decode(), content_type="application/json"
+        )
+
+
+def _own_miss(request: web.Request) -> web.Response | None:
+    """The answer to a request under ``/loop-guard`` that no route took (a trailing slash, a
+    typo, another method, a doubled slash): 405 with ``Allow`` for a route's path with another
+    method, else 404; None for a path that is not the proxy's. Such a request is never
+    forwarded: it carries the admin token, which the upstream must not see."""
+    path = "/" + request.path.lstrip("/")
+    if path != "/loop-guard" and not path.startswith("/loop-guard/"):
+        return None
+    allowed = ADMIN_ROUTES.get(path)
+    if allowed is not None and request.method not in allowed:
+        return web.Response(
+            status=405,
+            body=_error_body(f"loopguard: {path} answers {', '.join(allowed)}", "method_not_allowed", 405),
+            content_type="application/json",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    return web.Response(
+        status=404,
+        body=_error_body(f"loopguard: no route {path}", "not_found", 404),
+        content_type="application/json",
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -273,7 +344,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     _check_admin(request)
     if "conversation" in request.query:  # one conversation's turn-guard ledger (issue 4)
-        key = request.query["conversation"]
+        key = key_digest(request.query["conversation"])  # the tables hold digests only
         memory = _rt(request).memory
         remote = await request.app[SHARED_KEY].fetch_state(key)
         if remote is not None:  # another replica's newer request
@@ -282,7 +353,7 @@ async def stats(request: web.Request) -> web.Response:
                     memory.store.put(key, remote)
         view = memory.view(key, memory.clock())
         if view is None:
-            message = f"no turn_guard ledger for conversation {key!r} (unknown, expired, or turn_guard off)"
+            message = f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off)"
             return web.Response(
                 status=404, body=_error_body(message, "not_found", 404), content_type="application/json"
             )
@@ -331,8 +402,9 @@ def _guarded(request: web.Request) -> str | None:
 
 def _header_key(headers: Any, names: tuple[str, ...]) -> str | None:
     """The conversation key when a ``conversation_key`` header gives it (DESIGN §4's first rule:
-    known before the body is read), else None."""
-    return next((headers[n] for n in names if headers.get(n)), None)
+    known before the body is read; its digest, as the decision's), else None."""
+    value = next((headers[n] for n in names if headers.get(n)), None)
+    return key_digest(value) if value is not None else None
 
 
 async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
@@ -345,6 +417,8 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     request[DECIDED_MS] = now_ms  # the capture records the time the guards decided at
 
     def run(state_for: Any, previous: Any) -> RequestDecision:
+        if previous is not None:  # the store holds this credential's responses only (store_key)
+            previous = functools.partial(_scoped, previous, request.headers)
         return decide_request(
             raw,
             request.headers,
@@ -383,11 +457,18 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     return decision
 
 
-def _unknown_previous(app: web.Application, decision: RequestDecision) -> None:
+def _scoped(lookup: Callable[[str], Any], headers: Any, rid: str) -> Any:
+    """``lookup`` of response ``rid`` as kept for the credential in ``headers`` (its
+    :func:`proxy.request.response_store.store_key`)."""
+    return lookup(store_key(headers, rid))
+
+
+def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
     """Log a ``previous_response_id`` the store does not hold, once per chain (fails open)."""
+    app = request.app
     assert decision.chain is not None and decision.chain.previous is not None
     try:
-        first = app[RESPONSES_KEY].note_unknown(decision.chain.previous)
+        first = app[RESPONSES_KEY].note_unknown(store_key(request.headers, decision.chain.previous))
     except Exception as exc:
         app[STATS_KEY].internal_errors += 1
         log.error("store_error", error=type(exc).__name__)
@@ -396,24 +477,27 @@ def _unknown_previous(app: web.Application, decision: RequestDecision) -> None:
         log.warning(
             "unknown_previous_response",
             conversation=decision.conversation or None,
-            previous_response_id=decision.chain.previous,
+            # a digest: the id is the agent's to choose and may be megabytes long
+            previous_response_id_digest=key_digest(decision.chain.previous),
             hint="forwarded unguarded: loopguard does not hold this response (a restart, another "
             "replica, or evicted: responses_store.*); the rest of this chain is counted, not logged",
         )
 
 
-def _keeper(app: web.Application, decision: RequestDecision | None) -> Any:
-    """The response side's ``on_answer`` for this request: the answer goes to the response store
-    (None when the store wants nothing of it)."""
+def _keeper(request: web.Request, decision: RequestDecision | None) -> Any:
+    """The response side's ``on_answer`` for this request: the answer goes to the response store,
+    kept for this request's credential (None when the store wants nothing of it)."""
     chain = decision.chain if decision is not None else None
     if chain is None or not (chain.keep or chain.lost):
         return None
-    store = app[RESPONSES_KEY]
-    shared = app[SHARED_KEY]
+    store = request.app[RESPONSES_KEY]
+    shared = request.app[SHARED_KEY]
+    headers = request.headers
 
     def keep(answer: Answer) -> Any:
-        if store.after_answer(chain, answer) and shared.shared:  # written before the agent has it
-            return asyncio.ensure_future(shared.keep(answer.response_id, store.peek(answer.response_id)))
+        key = store_key(headers, answer.response_id)
+        if store.after_answer(chain, answer, key) and shared.shared:  # written before the agent has it
+            return asyncio.ensure_future(shared.keep(key, store.peek(key)))
         return None
 
     return keep
@@ -434,6 +518,50 @@ def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    """Every request no route of the proxy's own takes: forwarded (module doc)."""
+    own = _own_miss(request)
+    if own is not None:
+        return own
+    opened = request.app[OPEN_KEY]
+    task = asyncio.current_task()
+    opened.add(task)
+    try:
+        return await _proxy(request)
+    finally:
+        opened.discard(task)
+
+
+def _shutdown_response(request: web.Request, fields: dict[str, Any]) -> web.Response:
+    """503 for a request the shutdown ended before the agent had any of its answer (an error
+    body in the wire's form, :func:`_error_json`); the connection closes after it."""
+    fields.update(status=503, shutdown=True)
+    response = web.Response(
+        status=503,
+        body=_error_json(request, "loopguard is shutting down", "proxy_shutdown", 503),
+        content_type="application/json",
+    )
+    response.force_close()
+    return response
+
+
+async def _until_grace_over(app: web.Application, send: Callable[[], Any]) -> aiohttp.ClientResponse | None:
+    """``await send()`` (the upstream's response headers), or None when a shutdown's grace
+    period ended first (its send was cancelled, :func:`serve_forever`)."""
+    task = asyncio.ensure_future(send())
+    pending = app[PENDING_KEY]
+    pending.add(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if app[GRACE_OVER_KEY].is_set() and task.cancelled() and not (current and current.cancelling()):
+            return None  # the shutdown, not the agent, ended it
+        raise
+    finally:
+        pending.discard(task)
+
+
+async def _proxy(request: web.Request) -> web.StreamResponse:
     app = request.app
     rt = _rt(request)  # this request's config and guards, whatever a reload does meanwhile
     st = app[STATS_KEY]
@@ -499,7 +627,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         st.unguarded[decision.unguarded] += 1
         fields["unguarded"] = decision.unguarded
         if decision.unguarded == UNKNOWN_PREVIOUS and decision.chain is not None:
-            _unknown_previous(app, decision)
+            _unknown_previous(request, decision)
     elif decision.chain is not None and decision.chain.previous is not None:
         fields["chain_items"] = decision.chain.count  # guarded over the kept chain
     t_send = time.perf_counter()
@@ -602,7 +730,7 @@ async def _forward(
 
     try:
         try:
-            upstream = await send()
+            sent = await _until_grace_over(app, send)
         except STALE_CONNECTION as exc:
             if isinstance(exc, aiohttp.ClientConnectorError) or not attempt["reused"]:
                 # no connection at all, or a fresh one the upstream read the request on and then
@@ -611,7 +739,10 @@ async def _forward(
             # a kept-alive connection the upstream closed at its idle timeout as the request went
             # out: once more, on a fresh connection (issue 14, item 10)
             fields["retried"] = True
-            upstream = await send()
+            sent = await _until_grace_over(app, send)
+        if sent is None:
+            return _shutdown_response(request, fields)
+        upstream = sent
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
             return _timeout_response(base, fields, st, request)
@@ -639,7 +770,7 @@ async def _forward(
             decision,
             rt.guards,
             rt.cfg,
-            _keeper(app, decision),
+            _keeper(request, decision),
             tap=CAPTURE_KEY in app and decision is not None and decision.transcript is not None,
         )
     except Exception as exc:  # fail open: relay the answer as is
@@ -688,6 +819,8 @@ async def _forward(
                 return response  # the agent had the whole answer and hung up: not a failure
             if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
                 # the shutdown's grace period ended and closed this upstream response
+                if not response.prepared:  # a buffered JSON answer: the agent has nothing yet
+                    return _shutdown_response(request, fields)
                 fields["shutdown"] = True
                 if upstream.content_type == "text/event-stream":
                     with contextlib.suppress(Exception):
@@ -763,12 +896,7 @@ async def _relay_streamed(
         if isinstance(error, asyncio.TimeoutError):
             return _timeout_response(base, fields, st)
         if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
-            fields.update(shutdown=True, status=503)
-            return web.Response(
-                status=503,
-                body=_error_body("loopguard is shutting down", "proxy_shutdown", 503),
-                content_type="application/json",
-            )
+            return _shutdown_response(request, fields)
         st.upstream_errors += 1
         fields.update(status=502, upstream_error=type(error).__name__ if error else "IncompleteStream")
         return web.Response(
@@ -899,7 +1027,10 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
     app[SHUTDOWN_KEY] = asyncio.Event()
+    app[GRACE_OVER_KEY] = asyncio.Event()
     app[INFLIGHT_KEY] = set()
+    app[OPEN_KEY] = set()
+    app[PENDING_KEY] = set()
     app[PREFIX_KEY] = PrefixCache(cfg.prefix_cache.max_bytes) if cfg.prefix_cache.max_bytes > 0 else None
     app[METRICS_KEY] = Metrics(app[STATS_KEY], app[PREFIX_KEY])  # type: ignore[arg-type]
     runtime = build_runtime(cfg)
@@ -922,16 +1053,21 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     return app
 
 
-async def start(cfg: Config, loader: Callable[[], Config] | None = None) -> tuple[web.AppRunner, int]:
+async def start(
+    cfg: Config, loader: Callable[[], Config] | None = None, shutdown_timeout_s: float | None = None
+) -> tuple[web.AppRunner, int]:
     """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
-    (useful with port 0). Stop with ``await runner.cleanup()``. ``loader``: see :func:`create_app`."""
+    (useful with port 0). Stop with ``await runner.cleanup()``. ``loader``: see :func:`create_app`.
+    ``shutdown_timeout_s``: how long ``runner.cleanup()`` lets requests in flight run (None:
+    ``listen.shutdown_grace_s``; :func:`serve_forever` runs the grace itself and gives less)."""
     runner = web.AppRunner(
         create_app(cfg, loader),
         handler_cancellation=True,
         access_log=None,
         auto_decompress=False,
         logger=SERVER_LOG,  # aiohttp's own errors, told without what the agent sent
-        shutdown_timeout=cfg.listen.shutdown_grace_s,
+        # aiohttp waits this long for a handler, then as long again after cancelling it
+        shutdown_timeout=cfg.listen.shutdown_grace_s if shutdown_timeout_s is None else shutdown_timeout_s,
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
         # an answer sent before the whole body came (a 408 after a stalled body, a 413) drains
@@ -964,7 +1100,7 @@ async def serve_forever(
     file is logged). ``source``: the config file's path, for the startup line (None: built-in
     defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
     exit 2)."""
-    runner, port = await start(cfg, loader)
+    runner, port = await start(cfg, loader, shutdown_timeout_s=FINISH_S)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -984,19 +1120,33 @@ async def serve_forever(
         capture=cfg.capture.path or None,
         state=forward.redact_url(cfg.state.backend),
     )
+    if not cfg.admin_token:
+        log.warning(
+            "admin_loopback_only",
+            routes=sorted(LOOPBACK_ONLY),
+            note="admin_token is not set: these routes answer loopback clients only (403 to others); "
+            "set admin_token to reach them from elsewhere (a container's published port included)",
+        )
     try:
         await stop.wait()
-        log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
+        log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[OPEN_KEY]))
         app[SHUTDOWN_KEY].set()
         for site in list(runner.sites):
             await site.stop()  # no new connections
         deadline = time.monotonic() + cfg.listen.shutdown_grace_s
-        while app[INFLIGHT_KEY] and time.monotonic() < deadline:
+        while app[OPEN_KEY] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for upstream in list(app[INFLIGHT_KEY]):  # the grace is over: end what is still running
+        # the grace is over: end what is still running; a request still waiting for the
+        # upstream's headers gets a 503, a stream its error event (their handlers answer)
+        app[GRACE_OVER_KEY].set()
+        for task in list(app[PENDING_KEY]):
+            task.cancel()
+        for upstream in list(app[INFLIGHT_KEY]):
             app[INFLIGHT_KEY].discard(upstream)
             upstream.close()
-        await asyncio.sleep(0.05)  # let those handlers write their error event and log line
+        finish = time.monotonic() + FINISH_S
+        while app[OPEN_KEY] and time.monotonic() < finish:
+            await asyncio.sleep(0.02)  # their answers and log lines
     finally:
         await runner.cleanup()
         log.info("stopped")
