@@ -30,6 +30,7 @@ import proxy.request.rewrite
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
 from proxy.ops.config import Config
 from proxy.ops.observe import configure_logging
+from proxy.request.conversation import key_digest
 from tests.fakes import (
     FakeUpstream,
     agent_history,
@@ -843,7 +844,7 @@ async def test_one_request_log_line_without_secrets(
     assert "TOPSECRETCONTENT" not in out + err
     lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
     (event,) = [e for e in lines if e.get("event") == "request"]
-    assert event["conversation"] == "sess-42"
+    assert event["conversation"] == key_digest("sess-42")
     assert event["model"] == "m"
     assert event["stream"] is False
     assert event["status"] == 200
