@@ -66,6 +66,7 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler  # what every route uses unless told
 from multidict import CIMultiDict
 
 from proxy import dialects
@@ -531,6 +532,51 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         opened.discard(task)
 
 
+def _declared_too_large(request: web.Request) -> bool:
+    """The request's ``Content-Length`` is over ``upstream.max_body_mb``."""
+    length = request.content_length
+    return length is not None and length > request.client_max_size
+
+
+def _too_large_response(request: web.Request) -> web.Response:
+    """413 for a body over ``upstream.max_body_mb`` (an error body in the wire's form), logged
+    as a request line; nothing is sent upstream."""
+    limit = request.app[CONFIG_KEY].upstream.max_body_mb
+    log.warning(  # the request line's fields, as for any request
+        "request",
+        method=request.method,
+        path=request.path,
+        conversation=None,
+        model=None,
+        stream=None,
+        rewritten=False,
+        actions=[],
+        status=413,
+        too_large=True,
+    )
+    return web.Response(
+        status=413,
+        body=_error_json(
+            request,
+            f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
+            "request_too_large",
+            413,
+        ),
+        content_type="application/json",
+    )
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """The forwarding route's ``Expect`` handler: a body its ``Content-Length`` says is over
+    ``upstream.max_body_mb`` gets the 413 at once instead of ``100 Continue`` (RFC 9110
+    §10.1.1: a server may answer with a final status instead; the client then never sends the
+    body). Anything else as aiohttp does (``100 Continue``, or 417 for another expectation)."""
+    if _declared_too_large(request) and _own_miss(request) is None:
+        request.app[STATS_KEY].requests += 1  # the handler, which counts requests, does not run
+        return _too_large_response(request)
+    return await _default_expect_handler(request)
+
+
 def _shutdown_response(request: web.Request, fields: dict[str, Any]) -> web.Response:
     """503 for a request the shutdown ended before the agent had any of its answer (an error
     body in the wire's form, :func:`_error_json`); the connection closes after it."""
@@ -566,34 +612,14 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     rt = _rt(request)  # this request's config and guards, whatever a reload does meanwhile
     st = app[STATS_KEY]
     st.requests += 1
+    if _declared_too_large(request):  # said by Content-Length: no need to read it first
+        return _too_large_response(request)
     try:
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return _body_timeout_response(request, exc.received)
     except web.HTTPRequestEntityTooLarge:
-        limit = app[CONFIG_KEY].upstream.max_body_mb
-        log.warning(  # the request line's fields, as for any request
-            "request",
-            method=request.method,
-            path=request.path,
-            conversation=None,
-            model=None,
-            stream=None,
-            rewritten=False,
-            actions=[],
-            status=413,
-            too_large=True,
-        )
-        return web.Response(
-            status=413,
-            body=_error_json(
-                request,
-                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
-                "request_too_large",
-                413,
-            ),
-            content_type="application/json",
-        )
+        return _too_large_response(request)
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -611,7 +637,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
         if decision.actions:
             _record_incidents(app, decision)
 
-    url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
+    url = forward.upstream_url(app[UPSTREAM_KEY][0], forward.origin_form(request.raw_path))
     headers = forward.filter_headers(request.headers.items(), forward.REQUEST_DROP)
     streamed = _as_stream(request, decision)
     fields = {
@@ -1049,7 +1075,7 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_get("/loop-guard/metrics", metrics)
     app.router.add_post("/loop-guard/reload", reload_handler)
-    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler, expect_handler=_expect)
     return app
 
 
