@@ -1,8 +1,12 @@
 """HTTP edge (aiohttp): routes, app lifecycle, forwarding and relay.
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
-ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
+ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``, ``GET /loop-guard/metrics``,
+``POST /loop-guard/reload`` (:data:`ADMIN_ROUTES`); anything else under ``/loop-guard`` is a 404
+or 405 (:func:`_own_miss`: never forwarded, it would carry the admin token upstream); every other
+path and method is forwarded to the upstream (:mod:`proxy.edge.forward`). Without
+``admin_token`` the routes that show conversations answer loopback peers only
+(:data:`LOOPBACK_ONLY`). ``POST …/chat/completions``,
 ``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
 (:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
 ``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
@@ -13,6 +17,9 @@ Behaviour at the edge:
   chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded, except that
   answers to chat completions go through the response side (:mod:`proxy.edge.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
+- Shutdown (:func:`serve_forever`): one ``listen.shutdown_grace_s`` for every forwarded request
+  still open; then a request waiting for the upstream's headers (or a JSON answer not yet sent)
+  gets a 503, a stream its error event, and the process exits about :data:`FINISH_S` later.
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
   at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
   watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
