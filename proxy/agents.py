@@ -449,15 +449,29 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _entries(name: str, agent: Agent | None) -> list[Tool]:
+    """``agent``'s entry for ``name`` when it names it, else every agent's entry for it, in order."""
+    if agent is not None and name in agent.tools:
+        return [agent.tools[name]]
+    return [a.tools[name] for a in AGENTS if name in a.tools]
+
+
 def change_of(name: str, arguments: Any, raw: Any, agent: Agent | None = None) -> Change | None:
-    """What a call of a ``mutate`` tool changes (by its entry's :class:`Edit`), or None when the
-    table does not say (an unknown tool, arguments not of the documented form): ``Edit {"old_string":
-    "a", "new_string": "b"}`` → ``(("", "a", "b"),)``; a custom tool's raw patch text (``raw``) is
-    read when its arguments are not an object."""
-    entry = tool(name, agent)
-    spec = entry.edit if entry is not None else None
-    if spec is None:
-        return None
+    """What a call of a ``mutate`` tool changes (by its entry's :class:`Edit`; without ``agent``,
+    the first entry for that name whose arguments fit: opencode's ``edit`` has ``oldString``,
+    Qwen Code's ``old_string``), or None when the table does not say (an unknown tool, arguments
+    not of the documented form): ``Edit {"old_string": "a", "new_string": "b"}`` →
+    ``(("", "a", "b"),)``; a custom tool's raw patch text (``raw``) is read when its arguments
+    are not an object."""
+    for entry in _entries(name, agent):
+        if entry.edit is not None:
+            change = _change(entry.edit, arguments, raw)
+            if change is not None:
+                return change
+    return None
+
+
+def _change(spec: Edit, arguments: Any, raw: Any) -> Change | None:
     if spec.patch is not None:
         text = _text(arguments.get(spec.patch)) if isinstance(arguments, dict) else _text(raw)
         return patch_change(text) if text else None
