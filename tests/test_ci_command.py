@@ -21,7 +21,14 @@ def test_the_readme_names_the_ci_script_as_its_test_command() -> None:
 
 
 @pytest.mark.parametrize(
-    "variable", ["LOOPGUARD_CODEX", "LOOPGUARD_CLAUDE", "LOOPGUARD_QWEN", "LOOPGUARD_REALTRAJ"]
+    "variable",
+    [
+        "LOOPGUARD_CODEX",
+        "LOOPGUARD_CLAUDE",
+        "LOOPGUARD_QWEN",
+        "LOOPGUARD_REALTRAJ",
+        "LOOPGUARD_REALTRAJ_NATIVE",
+    ],
 )
 def test_the_ci_script_sets_what_the_harness_tests_find_their_cli_or_data_by(variable: str) -> None:
     assert re.search(rf"^\s*export {variable}=", CI, re.M), variable
