@@ -362,6 +362,9 @@ async def relay_sse(
                 failed(stats, "sse", exc)
                 tail = bytes(unsettled)
                 complete = True  # our own failure: nothing known about the upstream's stream
+            if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
+                side.answered(guard.answer, stats)  # its final event ended only with the stream
+                await side.settle()
             if tail:
                 await response.write(tail)
             if not complete:

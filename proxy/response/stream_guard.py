@@ -182,6 +182,11 @@ class FramedGuard:
         if self._state == "done":
             return b""
         out = bytearray()
+        for ev in self._framer.end() if self._state == "inspect" else ():
+            self._event(ev, out)  # the last event, when a bare CR that was the last byte ended it
+            if self._state == "done":
+                self.settled = self.received
+                return bytes(out)
         if self._state == "inspect":
             self._end_of_stream(out)
         self._emit(self._framer.finish(), out)
