@@ -12,7 +12,9 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
   list's "Todos updated") is not looping when its arguments change.
 - A run is consecutive calls on one tool and target where each call got the same result as the
   one before (masked, :mod:`proxy.progress`) and nothing in between changed the situation
-  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it.
+  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it. A
+  cancelled call (:func:`proxy.failures.cancelled`: it never ran, its sibling failed) neither
+  goes on nor ends a run: nine edits cancelled together are not nine edits with one result.
 - A reminder fires when the run's length equals one of ``thresholds`` (3, 5, 8) and the run is
   not all one call (its arguments differ at least once, compared as ``repeat_reminder`` compares
   them: without its ``ignore_args``; identical runs are left to it, so a run whose calls differ
@@ -29,6 +31,7 @@ from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.effects import EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
+from proxy.failures import cancelled
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
@@ -95,6 +98,8 @@ class SameTarget:
             if turn != s.turn:  # a new episode: no run goes on across it
                 s.turn = turn
                 s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
+            if cancelled(call.result):
+                continue
             on = memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
             if on[1] is None:
                 s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
