@@ -21,6 +21,10 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
   only in a ``description`` never gets both reminders, which would contradict each other: found by
   a new user's Claude Code tryout, issue 12). A result not known yet (the response side's
   look-ahead) is judged by the previous pair.
+- The reminder goes after the step, so it is decided at the step's last call: a threshold reached
+  earlier in the step (parallel calls) is reminded about then, with the run's length and last
+  arguments at that call, if the run is still going; a run that ended inside the step is not
+  reminded about (what the reminder would say is no longer true of the calls before it).
 """
 
 from __future__ import annotations
@@ -97,12 +101,12 @@ class SameTarget:
             turn = s.episodes.of(transcript, call.position)
             if turn != s.turn:  # a new episode: no run goes on across it
                 s.turn = turn
-                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same, s.due = 0, False, None, None, False, 0
             if cancelled(call.result):
                 continue
             on = memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
             if on[1] is None:
-                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same, s.due = 0, False, None, None, False, 0
                 continue
             prev = calls[s.prev] if s.prev is not None else None
             same = False
@@ -112,11 +116,14 @@ class SameTarget:
                 s.run += 1
                 s.varied = s.varied or self._same_call(call) != self._same_call(prev)
             else:
-                s.run, s.varied = 1, False
+                s.run, s.varied, s.due = 1, False, 0
             s.prev, s.prev_on, s.prev_same = call.seq, on, same
             run = s.run
-            if run not in self._thresholds or not s.varied:
+            if run in self._thresholds and s.varied:
+                s.due = run  # the threshold reached, reminded about at the step's last call
+            if not s.due or call.seq != transcript.steps[call.step].calls[-1]:
                 continue
+            limit, s.due = s.due, 0
             tool, target = on
             subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
             text = TEXT.format(
@@ -125,7 +132,7 @@ class SameTarget:
                 tool=call.name,
                 arguments=preview(_args(call), PREVIEW_CHARS),
             )
-            action = remind_after_step(transcript, call, text, RULE, run, run, self._delivery)
+            action = remind_after_step(transcript, call, text, RULE, run, limit, self._delivery)
             if action is not None:
                 actions.append(action)
         return actions
@@ -142,10 +149,11 @@ class SameTargetState:
     """What :class:`SameTarget` has read: the next call (``next``, a ``seq``), the situation and
     episode counters, the current episode (``turn``) and its run: its length (``run``), whether
     its arguments differed (``varied``), its last call (``prev``, a ``seq``; None after a call
-    without a target), what that call was on (``prev_on``) and whether it continued the run
-    (``prev_same``). Mutable; :meth:`copy` is independent."""
+    without a target), what that call was on (``prev_on``), whether it continued the run
+    (``prev_same``) and the threshold it reached that is still to be reminded about at the end of
+    the step (``due``, 0: none). Mutable; :meth:`copy` is independent."""
 
-    __slots__ = ("episodes", "epochs", "next", "prev", "prev_on", "prev_same", "run", "turn", "varied")
+    __slots__ = ("due", "episodes", "epochs", "next", "prev", "prev_on", "prev_same", "run", "turn", "varied")
 
     def __init__(self, epochs: EpochCounter, episodes: EpisodeCounter) -> None:
         self.epochs = epochs
@@ -157,9 +165,10 @@ class SameTargetState:
         self.prev: int | None = None
         self.prev_on: tuple[str, str | None] | None = None
         self.prev_same = False
+        self.due = 0
 
     def copy(self) -> SameTargetState:
         out = SameTargetState(self.epochs.copy(), self.episodes.copy())
         out.next, out.turn, out.run, out.varied = self.next, self.turn, self.run, self.varied
-        out.prev, out.prev_on, out.prev_same = self.prev, self.prev_on, self.prev_same
+        out.prev, out.prev_on, out.prev_same, out.due = self.prev, self.prev_on, self.prev_same, self.due
         return out
