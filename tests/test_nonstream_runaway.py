@@ -476,7 +476,7 @@ async def test_300_identical_calls_in_a_non_streaming_answer_are_cut_and_the_ups
         d
         for i in range(300)
         for d in (
-            calls(tc(i, f"call_{i}", "read_file", "", type_=True)),
+            calls(tc(i, f"call_{i}", "write_file", "", type_=True)),
             calls(tc(i, arguments='{"path": ')),
             calls(tc(i, arguments='"app.py"}')),
         )
@@ -491,7 +491,7 @@ async def test_300_identical_calls_in_a_non_streaming_answer_are_cut_and_the_ups
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"] == [
-        {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": ARGS}}
+        {"id": f"call_{i}", "type": "function", "function": {"name": "write_file", "arguments": ARGS}}
         for i in range(2)
     ]
     await asyncio.wait_for(progress["closed"].wait(), 2)
