@@ -67,7 +67,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
 from proxy.edge.shared_state import SharedState
@@ -319,13 +319,17 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
 
 
 def _guarded(request: web.Request) -> str | None:
-    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
-    None."""
+    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``,
+    ``gemini``), or None. A Gemini ``:streamGenerateContent`` without ``alt=sse`` answers one JSON
+    array that streams: relayed unread (:mod:`proxy.response.gemini_stream`)."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
     if dialect is anthropic_messages:
         return "messages"
+    if dialect is gemini:
+        streamed = gemini.is_stream(request.path)
+        return "gemini" if not streamed or request.query.get("alt") == "sse" else None
     return "responses" if dialect is openai_responses else None
 
 
@@ -528,6 +532,8 @@ def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> Non
     """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
     app = request.app
     cfg = _rt(request).cfg
+    if _dialect(request) is gemini:
+        return  # capture and replay read chat, Responses and Messages histories
     try:
         upstream_answer = request.get(UPSTREAM_ANSWER)
         data = capture.line(
