@@ -187,7 +187,8 @@ def back_to_messages(
     out: list[dict[str, Any]] = []
     given = traced.system_from
     system = arrived.get("systemInstruction")
-    if given is not None and given < i and isinstance(system, dict) and parts_text(system["parts"]) == traced.system:
+    same = isinstance(system, dict) and parts_text(system["parts"]) == traced.system
+    if given is not None and given < i and same:
         out.append(messages[given])
     j = 0
     for a in arrived.get("contents") or []:
@@ -235,7 +236,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for t in tools:
         fn = t.get("function") if isinstance(t, dict) else None
         if isinstance(fn, dict):
-            decl = {"name": fn.get("name"), "parametersJsonSchema": fn.get("parameters") or {"type": "object"}}
+            schema = fn.get("parameters") or {"type": "object"}
+            decl = {"name": fn.get("name"), "parametersJsonSchema": schema}
             if "description" in fn:
                 decl["description"] = fn["description"]
             declarations.append(decl)
@@ -254,14 +256,16 @@ def _answer_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def answer_object(message: dict[str, Any]) -> dict[str, Any]:
     """The ``GenerateContentResponse`` (JSON) whose content is ``message``'s."""
+    content = {"role": "model", "parts": _answer_parts(message)}
     return {
-        "candidates": [
-            {"content": {"role": "model", "parts": _answer_parts(message)}, "finishReason": "STOP", "index": 0}
-        ],
+        "candidates": [{"content": content, "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
         "modelVersion": "corpus-model",
         "responseId": "corpus-response",
     }
+
+
+_BASE = {"modelVersion": "corpus-model", "responseId": "corpus-response"}
 
 
 def _event(obj: dict[str, Any]) -> bytes:
@@ -284,7 +288,7 @@ def answer_events(message: dict[str, Any]) -> list[bytes]:
     out = []
     for n, part in enumerate(pieces):
         cand: dict[str, Any] = {"content": {"role": "model", "parts": [part]}, "index": 0}
-        obj: dict[str, Any] = {"candidates": [cand], "modelVersion": "corpus-model", "responseId": "corpus-response"}
+        obj: dict[str, Any] = {"candidates": [cand], **_BASE}
         if n == len(pieces) - 1:
             cand["finishReason"] = "STOP"
             obj["usageMetadata"] = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}

@@ -296,9 +296,9 @@ def _targets(
     """The withheld result slots (the first text per slot) and the reminders by slot."""
     withheld: dict[int, str] = {}
     for a in actions:
-        if isinstance(a, Withhold) and 0 <= a.position < len(layout) and a.position not in withheld:
-            if layout[a.position].kind == "result":
-                withheld[a.position] = a.text
+        ok = isinstance(a, Withhold) and 0 <= a.position < len(layout) and a.position not in withheld
+        if ok and layout[a.position].kind == "result":  # type: ignore[union-attr]
+            withheld[a.position] = a.text  # type: ignore[union-attr]
     grouped: dict[int, list[Remind]] = {}
     for a in actions:
         if isinstance(a, Remind) and 0 <= a.after < len(layout):
@@ -364,8 +364,8 @@ def _plan(
             vs, ve = jsonbody.members(raw, rs, decoded["response"])[member]
             out.append((pos, edits.append_text(raw, {member: (vs, ve)}, rs, member, _text_part(text))))
         elif slot.kind == "user":
-            fields = fields_of(slot.content)
-            out.append((pos, edits.append_text(raw, fields, spans[slot.content][0], "parts", _text_part(text))))
+            start, part = spans[slot.content][0], _text_part(text)
+            out.append((pos, edits.append_text(raw, fields_of(slot.content), start, "parts", part)))
         else:  # after a result's content, a model content or another one: a user content after it
             end = spans[slot.content][1]
             out.append((pos, (end, end, b"," + jsonbody.dumps(_reminder(text)))))
