@@ -70,7 +70,7 @@ PATH_SUFFIX = ":generateContent"
 #: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.
 ITEMS = "contents"
 #: ``…/models/{model}:generateContent`` or ``:streamGenerateContent`` (tuned models too).
-_PATH = re.compile(r"/(?:tunedModels|models)/[^/:]+:(?:generateContent|streamGenerateContent)\Z")
+_PATH = re.compile(r"/(?:tunedModels|models)/([^/:]+):(?:generateContent|streamGenerateContent)\Z")
 #: User parts that are the user's own input (they make the content a turn start).
 USER_PARTS = frozenset(("text", "inlineData", "fileData"))
 #: ``response`` members whose string is a result's text, in order of preference.
@@ -86,6 +86,12 @@ def is_stream(path: str) -> bool:
     """True for ``:streamGenerateContent`` (its answer is SSE with ``?alt=sse``, else one JSON
     array of chunks)."""
     return path.endswith(":streamGenerateContent")
+
+
+def log_fields(path: str) -> dict[str, Any]:
+    """The request log line's ``model`` and ``stream`` (the path gives them, not the body)."""
+    found = _PATH.search(path)
+    return {"model": found.group(1) if found else None, "stream": is_stream(path)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,6 +497,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         "model": decision.model,
         "stream": decision.stream,
         "rewritten": decision.changed,
+        **(gemini.log_fields(request.path) if dialect is gemini else {}),
         "actions": [action_summary(a) for a in decision.actions if a.fresh],
     }
     if decision.unguarded:  # a chat request the guards could not read: counted, said in the log
