@@ -273,8 +273,8 @@ def test_apply_ignores_actions_that_fall_on_no_result(actions: list[Any]) -> Non
 def test_a_withheld_response_without_a_response_member_gets_one() -> None:
     raw = b'{"contents":[{"role":"user","parts":[{"functionResponse":{"name":"f"}}]}]}'
     assert apply(raw, [withhold(0)]) == (
-        b'{"contents":[{"role":"user","parts":[{"functionResponse":{"response":{"error":"[loopguard] withheld"},'
-        b'"name":"f"}}]}]}'
+        b'{"contents":[{"role":"user","parts":[{"functionResponse":'
+        b'{"response":{"error":"[loopguard] withheld"},"name":"f"}}]}]}'
     )
 
 
