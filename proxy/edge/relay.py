@@ -5,7 +5,8 @@ chat, :mod:`proxy.response.responses_stream` for the Responses API,
 for the Gemini API).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
-``POST …/responses`` and ``POST …/messages`` with status 200,
+``POST …/responses``, ``POST …/messages`` and Gemini's ``…:generateContent`` /
+``…:streamGenerateContent?alt=sse`` with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
 A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
 re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask

@@ -3,10 +3,12 @@
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
 ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
 is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
-``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
+``…/responses``, ``…/v1/messages`` (Anthropic Messages) and ``…/models/{m}:generateContent`` /
+``:streamGenerateContent`` (Gemini) bodies go through the guards first
 (:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
-``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
-upstream as it came (hop-by-hop ones aside) and is never logged.
+``x-api-key``, ``authorization``, ``x-goog-api-key``, ``anthropic-version`` and ``anthropic-beta``
+included, goes upstream as it came (hop-by-hop ones aside) and is never logged; so does the query
+string (Gemini's ``?key=``), which the log line leaves out (it logs ``request.path``).
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
