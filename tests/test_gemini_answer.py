@@ -17,7 +17,7 @@ from proxy.actions import Stop
 from proxy.dialects import openai_chat
 from proxy.guards import Context, build_guards, evaluate
 from proxy.ops.config import Config, build
-from proxy.response.decide import DENIALS_TEXT, StopJudge
+from proxy.response.decide import DENIALS_TEXT, StopJudge, earlier_stops
 from proxy.response.gemini_stream import GeminiStreamGuard, decide_json
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
@@ -435,3 +435,20 @@ async def test_a_stream_cut_by_the_upstream_ends_with_an_error_event(
     # the error's code and message are what the Gemini SDKs raise from
     error = orjson.loads(got[len(first) :].removeprefix(b"data: "))["error"]
     assert (error["code"], error["type"]) == (502, "upstream_disconnected")
+
+
+def test_an_earlier_stop_in_gemini_contents_is_found() -> None:
+    """A stop the agent kept in its history (a ``model`` content of the stop text, no call) is the
+    conversation's earlier stop, so a later one is not a new incident; a model content with a
+    call, or a thought, is not one."""
+    stop_text = LOOP_STOP
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "go"}]},
+            {"role": "model", "parts": [{"text": stop_text}]},
+            {"role": "model", "parts": [{"text": stop_text}, LOOP]},
+            {"role": "model", "parts": [{"text": stop_text, "thought": True}]},
+        ]
+    }
+    found = earlier_stops(json.dumps(body).encode(), CFG.stop)
+    assert [(s.text, s.fresh) for s in found] == [(stop_text, False)]

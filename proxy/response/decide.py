@@ -398,6 +398,23 @@ def _template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(parts) + r"\Z", re.DOTALL)
 
 
+def _gemini_message(content: Any) -> Any:
+    """A Gemini ``model`` content as the chat assistant message :func:`earlier_stops` reads (its
+    answer text; ``tool_calls`` when it has ``functionCall`` parts); other contents as they are."""
+    if (
+        not isinstance(content, dict)
+        or content.get("role") != "model"
+        or not isinstance(content.get("parts"), list)
+    ):
+        return content
+    parts = [p for p in content["parts"] if isinstance(p, dict)]
+    text = "".join(
+        p["text"] for p in parts if isinstance(p.get("text"), str) and p.get("thought") is not True
+    )
+    calls = [p for p in parts if "functionCall" in p]
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
 def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
     text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions."""
@@ -406,6 +423,8 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     except jsonbody.Unreadable:
         return []
     messages = body.get("messages", body.get("input")) if isinstance(body, dict) else None
+    if isinstance(body, dict) and messages is None and isinstance(body.get("contents"), list):
+        messages = [_gemini_message(c) for c in body["contents"]]
     if not isinstance(messages, list):  # chat messages, or Responses input items
         return []
     patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
