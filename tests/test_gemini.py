@@ -335,6 +335,22 @@ def test_the_prefix_cache_reads_the_same_transcript_and_body(n: int) -> None:
     assert cache.stats.hits == n - 1
 
 
+def test_the_fast_path_resumes_a_big_history_with_the_same_decisions() -> None:
+    """Requests past the fast path's size (64 KiB): each after the first resumes the kept prefix
+    without decoding the history whole (``fast_hits``), with the decision and bytes of a full
+    read, withheld results and reminders included."""
+    cache = PrefixCache(32 * 1024 * 1024)
+    big = "x = 1\n" * 3000  # ~18 KB a result
+    for k in range(4, 10):
+        raw = json.dumps(gemini_body(repeated_call_messages(k, result=big))).encode()
+        assert len(raw) > 64 * 1024
+        full = decide_request(raw, {}, GUARDS, (), dialect=gemini)
+        cached = decide_request(raw, {}, GUARDS, (), dialect=gemini, prefixes=cache)
+        assert (summary(cached.actions), cached.body) == (summary(full.actions), full.body)
+    assert (cache.stats.hits, cache.stats.fast_hits) == (5, 5)
+    assert full.changed
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
