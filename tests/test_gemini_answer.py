@@ -452,3 +452,35 @@ def test_an_earlier_stop_in_gemini_contents_is_found() -> None:
     }
     found = earlier_stops(json.dumps(body).encode(), CFG.stop)
     assert [(s.text, s.fresh) for s in found] == [(stop_text, False)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_observe_mode_changes_no_byte_of_a_gemini_exchange_yet_counts_the_stop(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, stream: bool
+) -> None:
+    """``mode: observe`` on a looping Gemini request: the body reaches the upstream as sent and the
+    answer reaches the agent as the upstream sent it, while the withholds and the stop are counted
+    as observed."""
+    events = answer(LOOP, text="Again.")
+    body = b"".join(events) if stream else response([{"text": "Again."}, LOOP])
+
+    async def handler(request: web.Request, raw: bytes) -> web.StreamResponse:
+        if not stream:
+            return web.Response(body=body, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in events:
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+
+    upstream.handler = handler
+    base = await make_proxy({"mode": "observe"})
+    path = "/v1beta/models/g:streamGenerateContent?alt=sse" if stream else "/v1beta/models/g:generateContent"
+    status, _, got = await post(base, path, LOOPING)
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/loop-guard") as r:
+        stats = await r.json()
+    assert (status, got, upstream.requests[0].body) == (200, body, LOOPING)
+    assert (stats["rewritten_requests"], stats["stops"], stats["observed"]["stop"]) == (0, 0, 1)
+    assert stats["per_rule"] == {"circuit_breaker": 1, "escalation": 1, "repeat_reminder": 1, "stop": 1}
+    assert stats["observed_per_rule"] == stats["per_rule"]
