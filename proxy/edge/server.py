@@ -591,9 +591,11 @@ async def _forward(
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
     sent_headers = headers
-    if streamed is not None:  # an event stream loopguard must read: not compressed
-        sent_headers = headers.copy()
-        sent_headers.popall("Accept-Encoding", None)
+    if "Accept-Encoding" in headers and (
+        streamed is not None or relay.reads(_guarded(request), _rt(request).cfg)
+    ):
+        sent_headers = headers.copy()  # an answer the response side reads: asked uncompressed
+        sent_headers["Accept-Encoding"] = "identity"
 
     attempt: dict[str, bool] = {}
 
