@@ -455,3 +455,23 @@ async def test_server_guards_gemini_requests_passes_the_key_and_never_logs_it(
 )
 def test_the_log_line_takes_the_model_and_stream_from_the_path(path: str, fields: dict[str, Any]) -> None:
     assert gemini.log_fields(path) == fields
+
+
+def test_the_offered_function_declarations_are_the_transcripts_tools() -> None:
+    """Gemini CLI's one tool of ``functionDeclarations`` (``parametersJsonSchema``) is read as
+    name → schema, as chat tools are (which agent is talking)."""
+    schema = {"type": "object", "properties": {"file_path": {"type": "string"}}}
+    body = {
+        "contents": [user({"text": "go"})],
+        "tools": [
+            {
+                "functionDeclarations": [
+                    {"name": "read_file", "parametersJsonSchema": schema},
+                    {"name": "glob"},
+                ]
+            },
+            {"googleSearch": {}},
+        ],
+    }
+    assert parse_request(body).tools == {"read_file": schema, "glob": {}}
+    assert parse_request({"contents": []}).tools is None

@@ -59,7 +59,7 @@ from typing import Any
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits, jsonbody
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript
@@ -175,7 +175,7 @@ def parse_request(body: Any) -> Transcript:
     contents = body.get("contents")
     if not isinstance(contents, list):
         raise DialectError("contents is not a list")
-    fold = Fold()
+    fold = Fold(text_calls.offered_tools(body))
     for i, content in enumerate(contents):
         fold.feed(i, content)
     return fold.finish(len(contents))
@@ -184,14 +184,16 @@ def parse_request(body: Any) -> Transcript:
 class Fold(FoldState):
     """The transcript of a content list read one content at a time: :func:`parse_request` is
     ``feed`` over every content then ``finish``; :meth:`copy` keeps the state after a prefix
-    (:mod:`proxy.request.prefix_cache`). ``tools`` and ``tool_choice`` are taken as every
-    dialect's fold takes them and not read: Gemini calls are ``functionCall`` parts."""
+    (:mod:`proxy.request.prefix_cache`). ``tools``: the request's ``functionDeclarations``
+    (:func:`proxy.dialects.text_calls.offered_tools`), kept in the transcript (which agent is
+    talking) and not read otherwise: Gemini calls are ``functionCall`` parts; ``tool_choice`` is
+    taken as every dialect's fold takes it and not read."""
 
     __slots__ = ("positions",)
     EXTRA = ("positions",)
 
     def __init__(self, tools: Any = None) -> None:
-        super().__init__(None)
+        super().__init__(tools)
         self.positions = 0  # slots read so far (:func:`slots`)
 
     def finish(self, count: int, tool_choice: Any = None) -> Transcript:
