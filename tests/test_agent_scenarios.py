@@ -295,7 +295,18 @@ async def test_a_status_command_repeated_between_plan_updates_is_stopped(
 # --- healthy sessions --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param(
+            "claude_code",
+            marks=pytest.mark.xfail(
+                strict=True, reason="needs the agent-effects fix: successful edits are progress"
+            ),
+        ),
+        "codex",
+    ],
+)
 async def test_ten_different_edits_of_one_file_then_a_passing_test_are_left_alone(
     agent: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
 ) -> None:
