@@ -4,6 +4,7 @@ are those of the recorded Codex and Claude Code sessions (shared/fixtures/realtr
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from proxy.actions import Remind
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.waiting import PROCESS_TEXT, SLEEP_TEXT, Waiting
-from proxy.ops.config import Config, WaitingConfig
+from proxy.ops.config import Config, WaitingConfig, load_config
 from proxy.transcript import ToolCall, ToolResult
 from proxy.waits import has_output, is_wait, poll_of, sleep_ms, started, waited_ms
 from tests.agent_steps import Call, History
@@ -358,3 +359,14 @@ def test_waits_are_never_withheld_through_the_default_guards() -> None:
         ("waiting", "remind", 241, 7210),
         ("waiting", "remind", 481, 14410),
     ]
+
+
+@pytest.mark.parametrize("profile", ["dsh-loop-guard", "dsh-circuit-breaker", "dsh-repeat-tool-guard"])
+def test_waits_are_never_withheld_under_the_seed_profiles(profile: str) -> None:
+    """The per-turn caps of ``turn_guard`` (40 calls, the 3rd identical call) do not count waits
+    either: 60 polls in one turn, then the output."""
+    cfg = load_config(Path(__file__).resolve().parent.parent / "config" / "profiles" / f"{profile}.yaml")
+    h = History().step(start()).steps([poll()] * 60).step(poll(1.0, "0", "Finished\n"))
+    t = transcript(h)
+    got = [(a.rule, a.kind, call_at(t, a)) for a in evaluate(t, build_guards(cfg.guards), Context())]
+    assert [a for a in got if a[1] != "remind"] == []
