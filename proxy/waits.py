@@ -44,6 +44,7 @@ Pure; never raises on odd arguments.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -113,13 +114,12 @@ def sleep_ms(call: ToolCall) -> int | None:
     """How long a sleep call sleeps (ms; ``sleep 60 && echo done`` → 60000, ``sleep 1m`` →
     60000, ``sleep 2 3`` → 5000), or None when ``call`` is not a sleep."""
     command = _command(call.arguments)
-    if (
-        command is None
-        or "<<" in command
-        or "`" in command
-        or "$(" in command
-        or "|" in command.replace("||", "")
-    ):
+    return None if command is None else _sleep_of(command)
+
+
+@functools.lru_cache(maxsize=4096)  # an agent's old calls come back on every request
+def _sleep_of(command: str) -> int | None:
+    if "<<" in command or "`" in command or "$(" in command or "|" in command.replace("||", ""):
         return None
     command = _QUOTED.sub("Q", command)
     total = 0
