@@ -1,0 +1,217 @@
+"""pi, Cline CLI, Continue CLI and opencode, each installed from npm and run headless and
+unmodified (:mod:`tests.npm_agents`) through a TCP tap and the real loopguard server to a
+scripted fake model (:mod:`tests.wire_script`) on each wire format the agent speaks. Skipped
+with an install hint when the pinned version is not installed (``.ci/run`` installs them).
+
+- the exact-repeat loop: the model asks for the same read of the agent's own read tool 20
+  times; the loop must end with the agent exiting on its own by its 8th call, loopguard's stop
+  text printed where the agent prints answers (Cline's own detector ends it first, at the 5th
+  identical call; a cycle of two reads, which it does not see, is ended by loopguard's stop);
+- a healthy run: two different reads, a successful edit, a passing command, an answer: no
+  action, and every byte the agent sent reached the fake and every byte the fake answered
+  reached the agent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests import npm_agents
+from tests.agent_cli import CliRun
+from tests.conftest import ProxyFactory
+from tests.fakes import FakeUpstream
+from tests.tcp_tap import Tap, tap
+from tests.wire_script import Call, ScriptedModel, reminders, results
+
+PROMPT = "Read a.txt and tell me what it says."
+A_TEXT = "hello from a\n"
+B_TEXT = "hello from b\n"
+FINAL = "All done: a.txt now says bye."
+STOP = "[loopguard] Stopped: the model kept calling "
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+Runner = Callable[[str, str, str, str, Path, Path], Awaitable[CliRun]]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One agent CLI: how to find and run it, and its own read / edit / shell tools."""
+
+    name: str
+    find: Callable[[], str]
+    run: Runner
+    read: Callable[[Path], Call]
+    edit: Callable[[Path, str, str], Call]
+    shell: Callable[[str], Call]
+
+
+async def _opencode(binary: str, base: str, wire: str, prompt: str, work: Path, home: Path) -> CliRun:
+    assert wire == "chat"
+    return await npm_agents.run_opencode(binary, base, prompt, work, home)
+
+
+AGENTS = {
+    "pi": Agent(
+        "pi",
+        npm_agents.find_pi,
+        npm_agents.run_pi,
+        lambda p: Call("read", {"path": str(p)}),
+        lambda p, old, new: Call("edit", {"path": str(p), "edits": [{"oldText": old, "newText": new}]}),
+        lambda cmd: Call("bash", {"command": cmd}),
+    ),
+    "cline": Agent(
+        "cline",
+        npm_agents.find_cline,
+        npm_agents.run_cline,
+        lambda p: Call("read_files", {"files": [{"path": str(p)}]}),
+        lambda p, old, new: Call("editor", {"path": str(p), "old_text": old, "new_text": new}),
+        lambda cmd: Call("run_commands", {"commands": [cmd]}),
+    ),
+    "continue": Agent(
+        "continue",
+        npm_agents.find_continue,
+        npm_agents.run_continue,
+        lambda p: Call("Read", {"filepath": str(p)}),
+        lambda p, old, new: Call("Edit", {"file_path": str(p), "old_string": old, "new_string": new}),
+        lambda cmd: Call("Bash", {"command": cmd}),
+    ),
+    "opencode": Agent(
+        "opencode",
+        npm_agents.find_opencode,
+        _opencode,
+        lambda p: Call("read", {"filePath": str(p)}),
+        lambda p, old, new: Call("edit", {"filePath": str(p), "oldString": old, "newString": new}),
+        lambda cmd: Call("bash", {"command": cmd, "description": "Print a.txt"}),
+    ),
+}
+
+#: Every (agent, wire format) tested.
+VARIANTS = [
+    ("pi", "chat"),
+    ("pi", "responses"),
+    ("pi", "messages"),
+    ("cline", "chat"),
+    ("cline", "responses"),
+    ("continue", "chat"),
+    ("continue", "messages"),
+    ("opencode", "chat"),
+]
+
+
+@dataclass
+class Session:
+    run: CliRun
+    tap: Tap
+    stats: dict[str, Any]
+    model: ScriptedModel
+
+    @property
+    def output(self) -> str:
+        return ANSI.sub("", self.run.stdout)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    w = tmp_path / "work"
+    w.mkdir()
+    (w / "a.txt").write_text(A_TEXT)
+    (w / "b.txt").write_text(B_TEXT)
+    return w
+
+
+async def session(
+    agent: Agent,
+    wire: str,
+    upstream: FakeUpstream,
+    make_proxy: ProxyFactory,
+    work: Path,
+    home: Path,
+    model: ScriptedModel,
+    config: dict[str, Any] | None = None,
+) -> Session:
+    """One run of ``agent`` on ``wire`` in ``work`` through a tap and a fresh loopguard to ``model``."""
+    binary = agent.find()
+    upstream.handler = model.handle
+    base = await make_proxy(config)
+    async with tap(int(base.rsplit(":", 1)[1])) as t:
+        run = await agent.run(binary, f"http://127.0.0.1:{t.port}/v1", wire, PROMPT, work, home)
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/loop-guard") as r:
+        stats = await r.json()
+    assert model.errors == []
+    return Session(run, t, stats, model)
+
+
+def counts(s: Session) -> tuple[int, int, int, int]:
+    """(reminders, withheld results, stops, rewritten requests) loopguard counted."""
+    return (
+        s.stats.get("reminders_injected", 0),
+        s.stats.get("results_withheld", 0),
+        s.stats.get("stops", 0),
+        s.stats.get("rewritten_requests", 0),
+    )
+
+
+@pytest.mark.parametrize(("name", "wire"), VARIANTS)
+async def test_healthy_run_is_untouched_byte_for_byte(
+    name: str, wire: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
+) -> None:
+    """Two different reads, a successful edit, a passing command, then an answer: the agent runs
+    all four calls and prints the answer; loopguard takes no action, and what the agent sent is
+    what the fake got, what the fake answered is what the agent got, byte for byte."""
+    agent = AGENTS[name]
+    a, b = work / "a.txt", work / "b.txt"
+    steps = [agent.read(a), agent.read(b), agent.edit(a, "hello", "bye"), agent.shell(f"cat {a}")]
+    model = ScriptedModel(wire, steps, final=FINAL)
+    s = await session(agent, wire, upstream, make_proxy, work, tmp_path / "home", model)
+    assert s.run.returncode == 0, (s.run.stdout, s.run.stderr)
+    assert FINAL in s.output
+    assert a.read_text() == "bye from a\n"
+    assert len(model.bodies) == 5
+    got = results(model.bodies[-1])
+    assert len(got) == 4
+    assert "hello from a" in got[0] and "hello from b" in got[1] and "bye from a" in got[3]
+    assert reminders(model.bodies[-1]) == []
+    assert counts(s) == (0, 0, 0, 0)
+    assert [body for _, body in s.tap.requests()] == [r.body for r in upstream.requests]
+    assert [body for _, body in s.tap.responses()] == model.answers()
+
+
+#: Exact-repeat loop, per variant: (script requests, results the agent got back, exit code, where
+#: the loop's end shows: "stop" = loopguard's stop printed on stdout, "own" = the agent's own guard).
+REPEAT = {
+    ("pi", "chat"): (7, 6, 0, "stop"),
+    ("pi", "responses"): (7, 6, 0, "stop"),
+    ("pi", "messages"): (7, 6, 0, "stop"),
+    ("cline", "chat"): (5, 5, 0, "own"),
+    ("cline", "responses"): (5, 5, 0, "own"),
+    ("continue", "chat"): (7, 6, 0, "stop"),
+    ("continue", "messages"): (7, 6, 0, "stop"),
+    ("opencode", "chat"): (7, 6, 0, "stop"),
+}
+
+
+@pytest.mark.parametrize(("name", "wire"), VARIANTS)
+async def test_exact_repeat_loop_ends_by_the_8th_call(
+    name: str, wire: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
+) -> None:
+    """The same read 20 times: the agent exits on its own by its 8th call, with loopguard's stop
+    as the answer it prints (or, for Cline, its own detector first)."""
+    agent = AGENTS[name]
+    model = ScriptedModel(wire, [agent.read(work / "a.txt")] * 20)
+    s = await session(agent, wire, upstream, make_proxy, work, tmp_path / "home", model)
+    requests, ran, code, end = REPEAT[(name, wire)]
+    got = results(model.bodies[-1])
+    print(name, wire, len(model.bodies), len(got), s.run.returncode, counts(s), s.output[-400:])
+    assert (len(model.bodies), len(got), s.run.returncode) == (requests, ran, code), s.run.stderr[-2000:]
+    if end == "stop":
+        assert STOP + agent.read(work / "a.txt").name in s.output
+        assert counts(s)[2] == 1
+    else:
+        assert STOP not in s.output and counts(s)[2] == 0
