@@ -98,7 +98,7 @@ AGENTS = {
         _opencode,
         lambda p: Call("read", {"filePath": str(p)}),
         lambda p, old, new, wire: Call("edit", {"filePath": str(p), "oldString": old, "newString": new}),
-        lambda cmd: Call("bash", {"command": cmd, "description": "Print a.txt"}),
+        lambda cmd: Call("bash", {"command": cmd}),
     ),
 }
 
@@ -154,7 +154,7 @@ async def session(
         run = await agent.run(binary, f"http://127.0.0.1:{t.port}/v1", wire, PROMPT, work, home)
     async with aiohttp.ClientSession() as s, s.get(f"{base}/loop-guard") as r:
         stats = await r.json()
-    assert model.errors == []
+    assert model.errors == [], model.errors
     return Session(run, t, stats, model)
 
 
