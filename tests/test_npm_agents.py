@@ -35,6 +35,16 @@ A_TEXT = "hello from a\n"
 B_TEXT = "hello from b\n"
 FINAL = "All done: a.txt now says bye."
 STOP = "[loopguard] Stopped: the model kept calling "
+#: loopguard's stop after an ignored withheld result, as the agent prints it.
+STOP_TEXT = (
+    STOP + "{tool} after 2 reminders and a withheld result that said it was not getting anywhere, so"
+    " loopguard ended its turn here; that last call was not run. Send a message to continue."
+)
+#: Cline's own user message answering a text-only answer in --yolo mode.
+CLINE_YOLO_REPLY = (
+    "[SYSTEM] This run is not complete until you call one of these terminal completion tools:"
+    " submit_and_exit."
+)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 Runner = Callable[[str, str, str, str, Path, Path], Awaitable[CliRun]]
@@ -177,7 +187,12 @@ async def test_healthy_run_is_untouched_byte_for_byte(
     what the fake got, what the fake answered is what the agent got, byte for byte."""
     agent = AGENTS[name]
     a, b = work / "a.txt", work / "b.txt"
-    steps = [agent.read(a), agent.read(b), agent.edit(a, "hello from a", "bye from a", wire), agent.shell(f"cat {a}")]
+    steps = [
+        agent.read(a),
+        agent.read(b),
+        agent.edit(a, "hello from a", "bye from a", wire),
+        agent.shell(f"cat {a}"),
+    ]
     model = ScriptedModel(wire, steps, final=FINAL)
     s = await session(agent, wire, upstream, make_proxy, work, tmp_path / "home", model)
     assert s.run.returncode == 0, (s.run.stdout, s.run.stderr)
@@ -193,17 +208,18 @@ async def test_healthy_run_is_untouched_byte_for_byte(
     assert [body for _, body in s.tap.responses()] == model.answers()
 
 
-#: Exact-repeat loop, per variant: (script requests, results the agent got back, exit code, where
-#: the loop's end shows: "stop" = loopguard's stop printed on stdout, "own" = the agent's own guard).
+#: Exact-repeat loop, per variant: (script requests, calls run = results the agent sent back,
+#: exit code, (reminders, withheld, stops, rewritten requests)). With a stop, the last request's
+#: answer is loopguard's stop; Cline's own detector aborts its 5th identical call first.
 REPEAT = {
-    ("pi", "chat"): (7, 6, 0, "stop"),
-    ("pi", "responses"): (7, 6, 0, "stop"),
-    ("pi", "messages"): (7, 6, 0, "stop"),
-    ("cline", "chat"): (5, 4, 0, "own"),
-    ("cline", "responses"): (5, 4, 0, "own"),
-    ("continue", "chat"): (7, 6, 0, "stop"),
-    ("continue", "messages"): (7, 6, 0, "stop"),
-    ("opencode", "chat"): (7, 6, 0, "stop"),
+    ("pi", "chat"): (7, 6, 0, (2, 1, 1, 4)),
+    ("pi", "responses"): (7, 6, 0, (2, 1, 1, 4)),
+    ("pi", "messages"): (7, 6, 0, (2, 1, 1, 4)),
+    ("cline", "chat"): (5, 4, 0, (1, 0, 0, 2)),
+    ("cline", "responses"): (5, 4, 0, (1, 0, 0, 2)),
+    ("continue", "chat"): (7, 6, 0, (2, 1, 1, 4)),
+    ("continue", "messages"): (7, 6, 0, (2, 1, 1, 4)),
+    ("opencode", "chat"): (7, 6, 0, (2, 1, 1, 4)),
 }
 
 
@@ -216,12 +232,58 @@ async def test_exact_repeat_loop_ends_by_the_8th_call(
     agent = AGENTS[name]
     model = ScriptedModel(wire, [agent.read(work / "a.txt")] * 20)
     s = await session(agent, wire, upstream, make_proxy, work, tmp_path / "home", model)
-    requests, ran, code, end = REPEAT[(name, wire)]
+    requests, ran, code, actions = REPEAT[(name, wire)]
     got = results(model.bodies[-1])
-    print(name, wire, len(model.bodies), len(got), s.run.returncode, counts(s), s.output[-400:])
+    print(name, wire, len(model.bodies), len(got), s.run.returncode, counts(s))
     assert (len(model.bodies), len(got), s.run.returncode) == (requests, ran, code), s.run.stderr[-2000:]
-    if end == "stop":
-        assert STOP + agent.read(work / "a.txt").name in s.output
-        assert counts(s)[2] == 1
+    assert counts(s) == actions
+    assert reminders(model.bodies[-1])[0].startswith(
+        "[loopguard] You have made the same tool call several times in a row."
+    )
+    if actions[2]:
+        assert STOP_TEXT.format(tool=agent.read(work).name) in s.output
     else:
-        assert STOP not in s.output and counts(s)[2] == 0
+        assert STOP not in s.output and "[abort]" in s.output
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses"])
+async def test_cline_cycle_is_ended_by_loopguards_stop(
+    wire: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
+) -> None:
+    """Reads of a.txt and b.txt in turn, which Cline's own detector (identical calls only) does
+    not see: cycle and recurrence reminders, one withheld result, then loopguard's stop as the
+    8th answer, which Cline prints and exits 0 on: 7 calls ran."""
+    agent = AGENTS["cline"]
+    model = ScriptedModel(wire, [agent.read(work / ("a.txt", "b.txt")[n % 2]) for n in range(30)])
+    s = await session(agent, wire, upstream, make_proxy, work, tmp_path / "home", model)
+    assert (len(model.bodies), len(results(model.bodies[-1])), s.run.returncode) == (8, 7, 0)
+    assert counts(s) == (3, 1, 1, 3)
+    assert STOP_TEXT.format(tool="read_files") in s.output
+
+
+async def test_cline_yolo_answers_the_stop_and_runs_on(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
+) -> None:
+    """What Cline does with a stop in ``--yolo`` mode (pinned as it is today, not as it should
+    be): it answers every text-only answer with its own user message "[SYSTEM] This run is not
+    complete until you call one of these terminal completion tools: submit_and_exit. …"; loopguard
+    reads that as a new turn, so the stop does not hold, the cycle's next calls run, and the run
+    never ends on its own (killed here after 20 s)."""
+    agent = AGENTS["cline"]
+    model = ScriptedModel("chat", [agent.read(work / ("a.txt", "b.txt")[n % 2]) for n in range(30)])
+    upstream.handler = model.handle
+    base = await make_proxy(None)
+    run = await npm_agents.run_cline(
+        agent.find(), f"{base}/v1", "chat", PROMPT, work, tmp_path / "home", timeout=20, yolo=True
+    )
+    assert run.returncode is None  # killed: the output it buffered is lost
+    echoed = [str(m.get("content")) for m in model.bodies[-1]["messages"] if m["role"] == "assistant"]
+    assert any(STOP_TEXT.format(tool="read_files") in text for text in echoed)
+    after_stop = next(
+        m["content"]
+        for b in model.bodies
+        for i, m in enumerate(b["messages"])
+        if m["role"] == "user" and i > 0 and STOP in str(b["messages"][i - 1].get("content"))
+    )
+    assert after_stop.startswith(CLINE_YOLO_REPLY)
+    assert len(results(model.bodies[-1])) > 7  # calls after the stop ran

@@ -91,7 +91,8 @@ class ScriptedModel:
         if isinstance(step, Call):
             params = offered_parameters(body, step.name)
             if params is None or not set(step.arguments) <= params:
-                miss = f"tool {step.name} with parameters {sorted(step.arguments)} not offered (offered: {params})"
+                miss = f"tool {step.name} with parameters {sorted(step.arguments)} not offered"
+                miss += f" (offered: {params})"
                 self.errors.append(miss)
                 return f"fake: {miss}"
         return step
