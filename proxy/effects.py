@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import agents
 from proxy.canonical import canonical_arguments
 from proxy.episodes import ContinuationRule, EpisodeCounter, episodes
 from proxy.failures import FailureRule, RejectionRule
@@ -339,6 +340,11 @@ class EffectRule:
         if self._read_only.matches(name):
             return False
         sub = subcommand(arguments)
+        kind = agents.kind_of(name, arguments, sub)
+        if kind in agents.READ_ONLY_KINDS:
+            return False
+        if kind in ("mutate", "delegate"):
+            return True
         if sub is not None:
             return sub not in READ_SUBCOMMANDS
         if isinstance(arguments, dict):
@@ -488,6 +494,10 @@ class Situations:
         """An empty :class:`EpochCounter` under these rules."""
         return EpochCounter(self)
 
+    def edit_ledger(self) -> EditLedger:
+        """An empty :class:`EditLedger` under these rules."""
+        return EditLedger(self)
+
     def episode_counter(self) -> EpisodeCounter:
         """An empty :class:`proxy.episodes.EpisodeCounter` under the continuation rule."""
         return EpisodeCounter(self.continuations)
@@ -495,3 +505,71 @@ class Situations:
     def episodes(self, transcript: Transcript) -> tuple[int, ...]:
         """Per call, its episode (:mod:`proxy.episodes`): turns that continuations do not split."""
         return episodes(transcript, self.continuations)
+
+
+#: Words of a tool name (or subcommand) that mark a tool the table does not know as editing a file.
+EDIT_VERBS = frozenset(("edit", "write", "replace", "patch", "insert", "create", "modify", "apply"))
+#: ... unless it also has one of these (a command runner may write, but its success says nothing
+#: about a file).
+RUN_VERBS = frozenset(("run", "exec", "execute", "bash", "shell", "sh", "cmd", "terminal", "command"))
+#: How many changes per target an :class:`EditLedger` keeps (the newest).
+LEDGER_CHANGES = 32
+
+
+def is_mutation(name: str, arguments: Any) -> bool:
+    """True when a call edits a file: its tool (or subcommand) is of kind ``mutate`` in
+    :mod:`proxy.agents`, or, for a tool the table does not know, its name has a word of
+    :data:`EDIT_VERBS` and none of :data:`RUN_VERBS` (``edit_file``, ``apply_diff``)."""
+    sub = subcommand(arguments)
+    kind = agents.kind_of(name, arguments, sub)
+    if kind is not None or agents.tool(name) is not None:
+        return kind == "mutate"
+    words = set(name_words(name))
+    if sub is not None:
+        words.update(name_words(sub))
+    return bool(words & EDIT_VERBS) and not words & RUN_VERBS
+
+
+class EditLedger:
+    """Which successful edits are progress (DESIGN §2.2: "a successful mutation with new
+    arguments is progress even when its result is a constant success line").
+
+    ``ledger.progress(call, on) -> bool`` for the calls of one episode in conversation order,
+    ``on`` what the call is on (:func:`proxy.targets.call_on`): True when the call edits a file
+    (:func:`is_mutation`), its result is known, not a failure (``situations.failures``) and not a
+    user's rejection, and its change is new on that target: not the change of an earlier
+    successful edit on it (the same edit again) and not one that undoes it (its old and new texts
+    swapped: A→B then B→A, :func:`proxy.agents.undoes`). What a call changes is
+    :func:`proxy.agents.change_of` for the agents' edit tools, else its canonical arguments. The
+    last :data:`LEDGER_CHANGES` changes per target are kept. Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = ("_rule", "seen")
+
+    def __init__(self, situations: Situations) -> None:
+        self._rule = situations
+        #: per target, its successful edits' changes (tuples: a copy shares them)
+        self.seen: dict[tuple[str, str | None], tuple[Any, ...]] = {}
+
+    def progress(self, call: ToolCall, on: tuple[str, str | None]) -> bool:
+        result = call.result
+        if result is None or result.pending or not is_mutation(call.name, call.arguments):
+            return False
+        rule = self._rule
+        if rule.failures(result) is True or rule.rejections(result):
+            return False
+        change: Any = agents.change_of(call.name, call.arguments, call.arguments_raw)
+        if change is None:
+            change = canonical_arguments(call.arguments, call.arguments_raw)
+        seen = self.seen.get(on, ())
+        self.seen[on] = (*seen[-(LEDGER_CHANGES - 1) :], change)
+        if change in seen:
+            return False
+        return not (
+            isinstance(change, tuple) and any(isinstance(e, tuple) and agents.undoes(change, e) for e in seen)
+        )
+
+    def copy(self) -> EditLedger:
+        out = EditLedger(self._rule)
+        out.seen = dict(self.seen)
+        return out

@@ -26,6 +26,10 @@ The rule, in order:
    middle of a long output is file content or program output, not the tool's verdict. This also
    keeps the cost flat: the 300 results of a 5 MB history are classified in about 2 ms.
 
+5. **A known agent's failure line** (:func:`proxy.agents.failure_lines`: Codex's ``apply_patch
+   verification failed: …``, Gemini CLI's ``Failed to edit, 0 occurrences found …``) at the edge
+   of the result, whatever the configured patterns: each is specific to its tool.
+
 Every default pattern (and every exit-status pattern) is anchored at the start of a line, and the
 ones with a ``program: `` prefix require the program name to have no colon and to be followed by
 exactly one space and a non-space. So a grep hit (``src/errors.py:10: class ErrorHandler``,
@@ -48,6 +52,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from proxy import agents
 from proxy.transcript import ToolResult
 
 #: How many lines at each end of a result the patterns see.
@@ -112,6 +117,9 @@ DEFAULT_FAILURE_PATTERNS: tuple[str, ...] = (
 )
 
 _JSON_START = re.compile(r"\s*\{")
+_AGENT_FAILURE = re.compile("|".join(f"(?:{p})" for p in agents.failure_lines()), re.MULTILINE)
+#: What :meth:`FailureRule.reason` returns for a known agent's failure line (rule step 5).
+AGENT_FAILURE = "agent_failure"
 _EXIT_STATUS = re.compile("|".join(f"(?:{p})" for p in EXIT_STATUS_PATTERNS), re.MULTILINE)
 
 
@@ -184,8 +192,9 @@ def json_error(text: str) -> bool:
 
 class FailureRule:
     """Classifies tool results: ``FailureRule()(result)`` is True (failure), False (success) or
-    None (no result yet), by the module's rule steps 1 to 4. ``patterns`` replace
-    :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 are not patterns and always apply."""
+    None (no result yet), by the module's rule steps 1 to 5. ``patterns`` replace
+    :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 and 5 are not patterns and always
+    apply."""
 
     __slots__ = ("_any", "_compiled", "_memo", "patterns")
 
@@ -206,7 +215,7 @@ class FailureRule:
                 self._any = None
 
     def failed_text(self, text: str) -> bool:
-        """True when ``text`` is a failure by rule steps 2 to 4 (as :meth:`reason`, faster;
+        """True when ``text`` is a failure by rule steps 2 to 5 (as :meth:`reason`, faster;
         memoized for texts up to :attr:`MEMO_MAX_CHARS`)."""
         if len(text) > self.MEMO_MAX_CHARS:
             return self._failed_text(text)
@@ -228,13 +237,15 @@ class FailureRule:
         if json_error(text):
             return True
         if self._any is not None:
-            return any(self._any.search(text, a, b) is not None for a, b in spans)
+            if any(self._any.search(text, a, b) is not None for a, b in spans):
+                return True
+            return any(_AGENT_FAILURE.search(text, a, b) is not None for a, b in spans)
         return self.reason(text) is not None
 
     def reason(self, text: str) -> str | None:
         """Why ``text`` is a failure: :data:`EXIT_STATUS` (``"exit_status"``, a non-zero exit
-        status), ``"json"``, or the first pattern that matched; None when it is not one (rule
-        steps 2 to 4; the flag is :meth:`__call__`'s business)."""
+        status), ``"json"``, the first pattern that matched, or :data:`AGENT_FAILURE`; None when
+        it is not one (rule steps 2 to 5; the flag is :meth:`__call__`'s business)."""
         spans = edge_spans(text)
         status = exit_status(text, spans)
         if status is not None:
@@ -244,6 +255,8 @@ class FailureRule:
         for pattern, compiled in zip(self.patterns, self._compiled, strict=True):
             if any(compiled.search(text, a, b) is not None for a, b in spans):
                 return pattern
+        if any(_AGENT_FAILURE.search(text, a, b) is not None for a, b in spans):
+            return AGENT_FAILURE
         return None
 
     def __call__(self, result: ToolResult | None) -> bool | None:
