@@ -47,6 +47,12 @@ ends (:func:`tests.agent_cli.run_cli`).
   ``edit {filePath, oldString, newString}``, ``bash {command}``, ``write``, ``glob``, ``grep``,
   ``todowrite``, ``task``, ``webfetch``, ``skill``. A title request without tools comes first (a
   side request). Prints the final answer on stdout.
+
+What loopguard writes into them (seen in what reached the fake): reminders are user messages
+(chat), user ``message`` items (Responses) or user text blocks (Messages) starting
+``[loopguard]``; a withheld result is the tool result's text replaced by the denial; the stop is a
+text answer with no call, which pi, Cline (not ``--yolo``), Continue and opencode print as their
+answer and exit 0 on. All send the whole history every time and always stream.
 """
 
 from __future__ import annotations
