@@ -1,7 +1,7 @@
 """The real mini-swe-agent 2.x (``mini``, from PyPI: :mod:`tests.py_agents`) through loopguard to
 a scripted fake model, in its three wire modes: tool calls on Chat Completions (``litellm``, the
 default), tool calls on the Responses API (``--model-class litellm_response``) and text actions
-(``mini_textbased.yaml``: one ```` ```mswea_bash_command ```` block per answer, results as user
+(``mini_textbased.yaml`` and ``--model-class litellm_textbased``: one ```` ```mswea_bash_command ```` block per answer, results as user
 messages ``<returncode>…</returncode>\\n<output>…</output>``).
 
 Run: ``mini -y --exit-immediately -t <task> -m openai/fake-model -c <mode's config> -c
@@ -114,8 +114,8 @@ def config_args(mode: str, api_base: str) -> list[str]:
     spec = "mini_textbased.yaml" if mode == "text" else "mini.yaml"
     args = ["-c", spec, "-c", f"model.model_kwargs.api_base={api_base}"]
     args += ["-c", "model.cost_tracking=ignore_errors"]
-    if mode == "responses":
-        args += ["--model-class", "litellm_response"]
+    if mode != "chat":
+        args += ["--model-class", "litellm_response" if mode == "responses" else "litellm_textbased"]
     return args
 
 
@@ -176,16 +176,17 @@ async def test_looping_mini_ends_on_its_own_after_loopguards_stop(
     assert traj["info"]["exit_status"] == "RepeatedFormatError"
     assert (runs(tmp_path), len(fake.bodies), stats["stops"]) == (6, 9, 3)
     header = "Format error:" if mode == "text" else "Tool call error:"
+    tool = "mswea_bash_command" if mode == "text" else "bash"
     last = user_texts(fake.bodies[-1])
     replies = [u for u in last if u.startswith(header)]
     assert len(replies) == 2
     for r in replies:
-        assert "[loopguard] Stopped: the model kept calling bash without getting anywhere" in r, r
+        assert f"[loopguard] Stopped: the model kept calling {tool} without getting anywhere (1 withheld" in r
     # what the user finds: mini's console shows its format-error replies; the trajectory keeps
     # the stopped answers, loopguard's stop text in each
     assert run.stdout.count(header) == 3
     responses = [m["extra"]["response"] for m in traj["messages"] if m.get("extra", {}).get("response")]
-    assert "[loopguard] Stopped: the model kept calling bash" in json.dumps(responses[-1])
+    assert f"[loopguard] Stopped: the model kept calling {tool}" in json.dumps(responses[-1])
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -38,7 +38,7 @@ RULE = "stop_note"
 
 TEXT = (
     "[loopguard] Stopped: the model kept calling {tool} without getting anywhere ({denials} "
-    "withheld results), so loopguard ended its turn; a reply that makes such a call again is "
+    "withheld {results}), so loopguard ended its turn; a reply that makes such a call again is "
     "replaced by this stop and the call is not run. Do not call {tool} for this again: use the "
     "results you already have, try a different approach, or finish and say what is blocking you."
 )
@@ -95,7 +95,9 @@ class StopNote:
             out.append(
                 Remind(
                     after=said.position,
-                    text=TEXT.format(tool=last.tool, denials=hi - lo),
+                    text=TEXT.format(
+                        tool=last.tool, denials=hi - lo, results="result" if hi - lo == 1 else "results"
+                    ),
                     rule=RULE,
                     tool=last.tool,
                     count=hi - lo,

@@ -45,7 +45,7 @@ from typing import Any
 
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.dialects import jsonbody
+from proxy.dialects import jsonbody, text_actions
 from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard
 from proxy.guards.circuit_breaker import CAP
@@ -170,6 +170,7 @@ class StopJudge:
         "_guards",
         "_monologue",
         "_transcript",
+        "action_shapes",
         "on_text_only",
         "withheld",
     )
@@ -184,6 +185,9 @@ class StopJudge:
         checkpoint: Checkpoint | None = None,
     ) -> None:
         self._transcript = transcript
+        #: the history shows a harness running fenced text actions (their result shapes): an
+        #: answer's fenced action is then judged as a call (:func:`decide_json`)
+        self.action_shapes = transcript.action_shapes
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
@@ -376,6 +380,17 @@ def decide_json(
                 limit = cfg.response.degenerate_text.min_repeats
                 actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
         calls = message_calls(msg)
+        if not calls and judge is not None and judge.action_shapes:
+            action = text_actions.answer_action(content_text(msg.get("content")), judge.action_shapes)
+            if action is not None:  # a fenced action of a harness that runs them
+                text_call = AssembledCall(None, action.name, jsonbody.dumps(action.arguments).decode(), 0)
+                stop = judge([text_call], action.text)
+                if stop is not None:  # the stop text instead: no action left for the harness to run
+                    actions.append(stop)
+                    msg["content"] = stop.text
+                    choice["finish_reason"] = "stop"
+                    changed = True
+                continue
         if not calls:
             stop = judge([], content_text(msg.get("content"))) if judge is not None else None
             if stop is not None:  # monologue in a text-only answer: the stop text after it
