@@ -2,7 +2,8 @@
 a scripted fake model, in its three wire modes: tool calls on Chat Completions (``litellm``, the
 default), tool calls on the Responses API (``--model-class litellm_response``) and text actions
 (``mini_textbased.yaml`` and ``--model-class litellm_textbased``: one
-```` ```mswea_bash_command ```` block per answer, results as user messages ``<returncode>…</returncode>\\n<output>…</output>``).
+```` ```mswea_bash_command ```` block per answer, results as user messages
+``<returncode>…</returncode>\\n<output>…</output>``).
 
 Run: ``mini -y --exit-immediately -t <task> -m openai/fake-model -c <mode's config> -c
 model.model_kwargs.api_base=<loopguard>/v1 -c model.cost_tracking=ignore_errors -o <traj>``,
