@@ -16,8 +16,9 @@ sentences harnesses open with. Sources, as the harnesses write them:
 - mini-swe-agent 2.x, tool calls (``format_error_template``): ``Tool call error:\\n\\n<error>\\nNo
   tool calls found in the response. …``; text mode: ``Format error:\\n\\n<error>\\n…``.
 - smolagents (``ActionStep.to_messages``): ``Error:\\nError while parsing tool call from model
-  output: …\\nNow let's retry: …`` (with ``Call id: …`` first when the answer had calls: then it is
-  that call's failed result, :mod:`proxy.dialects.text_actions`).
+  output: …\\nNow let's retry: …`` (``CodeAgent``: ``Error:\\nError in code parsing:\\n…``; with
+  ``Call id: …`` first when the answer had calls: then it is that call's failed result,
+  :mod:`proxy.dialects.text_actions`).
 - SWE-agent: ``Your output was not formatted correctly. …``, ``Your last output did not use any
   tool calls!``, ``Your action could not be parsed properly. …``.
 - others seen in harness prompts: ``[ERROR] You did not use a tool …``, ``No tool calls found …``.
@@ -35,8 +36,8 @@ SHAPES: tuple[str, ...] = (
     # a heading on a line of its own: "Tool call error:\n\n<error>…", "Format error:\n…"
     r"(?i)(?:tool[ _-]?call|function[ _-]?call|format(?:ting)?|pars(?:e|ing)|action|output format)"
     r" error *:? *\r?\n",
-    # smolagents: a parse failure of an answer without calls
-    r"Error: *\r?\nError while parsing tool call from model output\b",
+    # smolagents: a parse failure of an answer without calls (ToolCallingAgent) or code (CodeAgent)
+    r"Error: *\r?\nError (?:while parsing tool call from model output|in code parsing)\b",
     # SWE-agent's format-error templates
     r"(?i)your (?:last )?(?:output|response|action) (?:was not formatted correctly|did not use any tool"
     r" calls?|could not be parsed)",

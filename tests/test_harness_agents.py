@@ -44,6 +44,7 @@ SMOL_ERROR = (
         (MINI_TOOL_ERROR, True),
         (MINI_FORMAT_ERROR, True),
         (SMOL_ERROR, True),
+        ("Error:\nError in code parsing:\nno code blob found", True),
         (
             "Your output was not formatted correctly. You must always include a discussion.",
             True,
