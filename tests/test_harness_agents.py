@@ -146,6 +146,25 @@ def test_stop_note_is_appended_to_the_harness_reply_only() -> None:
     assert [a for a in decide(person, AGAIN)[1] if a.rule == "stop_note"] == []
     later = [*person, *looping_messages(1)[2:], {"role": "user", "content": MINI_TOOL_ERROR}]
     assert [a for a in decide(later, AGAIN)[1] if a.rule == "stop_note"] == []
+    # nor does a reply after a call that ran since the withheld results (no stop came before it)
+    other = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [tool_call("bash", '{"command": "ls"}', "ls")],
+    }
+    moved = [*looping_messages(6), other, {"role": "tool", "tool_call_id": "ls", "content": "a.txt"}]
+    assert [
+        a
+        for a in decide([*moved, {"role": "user", "content": MINI_TOOL_ERROR}], AGAIN)[1]
+        if a.rule == "stop_note"
+    ] == []
+    # two replies in a row right after the withheld result: both get it
+    two = [
+        *looping_messages(6),
+        {"role": "user", "content": MINI_TOOL_ERROR},
+        {"role": "user", "content": MINI_TOOL_ERROR},
+    ]
+    assert [a.after for a in decide(two, AGAIN)[1] if a.rule == "stop_note"] == [14, 15]
 
 
 # --- smolagents' text history -----------------------------------------------------------------

@@ -16,7 +16,8 @@ Rules (pure; re-derived on every request, so the note is re-injected in place):
   previous answer came back (the stop judge's two conditions): a call in it that would be
   withheld again was replaced by the stop. The note is appended to the reply's text
   (``delivery: tool_suffix``, so no second user message in a row) and names the tool of the last
-  withheld result.
+  withheld result. Only right after that result (no call between it and the reply, other
+  harness replies aside): a reply after calls that ran since then follows no stop.
 - The note says what holds whatever that answer was: calls that repeat it are not run. It never
   fires without withheld results, nor on a person's message.
 
@@ -78,6 +79,7 @@ class StopNote:
         if not withheld:
             return []
         positions = [a.position for a in withheld]
+        calls = [c.position for c in transcript.calls]
         out: list[Action] = []
         start = -1  # the current turn's first message (a person's, or -1)
         for said in transcript.said:
@@ -92,6 +94,9 @@ class StopNote:
             if not laddered and not 0 < self._after <= hi - lo:
                 continue
             last = withheld[hi - 1]
+            k = bisect.bisect_right(calls, last.position)
+            if k < len(calls) and calls[k] < said.position:
+                continue  # a call ran after that withheld result: the answer was no stop
             out.append(
                 Remind(
                     after=said.position,
