@@ -631,16 +631,22 @@ def _rules_for(kind: str, delta: Counter[tuple[str, str]]) -> tuple[str, ...]:
 
 
 async def replay(
-    fixture: dict[str, Any], config: dict[str, Any] | None = None, stream: bool = False, dialect: str = "chat"
+    fixture: dict[str, Any],
+    config: dict[str, Any] | None = None,
+    stream: bool = False,
+    dialect: str | type[ChatWire] = "chat",
+    final: bool = True,
 ) -> Replay:
     """Replay ``fixture`` through a fresh proxy with ``config`` (a dict; None = the shipped default
-    file), in ``dialect`` (:data:`WIRES`: ``chat``, ``responses`` or ``messages``). Returns every distinct
-    observation and reminder text."""
+    file), in ``dialect`` (:data:`WIRES`: ``chat``, ``responses`` or ``messages``; or a wire class,
+    such as those of :mod:`tests.native_wires`). ``final``: after the last message, the request the agent
+    would send next, answered with plain text (False: only the recorded answers). Returns every
+    distinct observation and reminder text."""
     cfg = build(Config, default_config() if config is None else config)
     messages: list[dict[str, Any]] = fixture["messages"]
-    wire = WIRES[dialect](fixture)
+    wire = WIRES[dialect](fixture) if isinstance(dialect, str) else dialect(fixture)
     by_id, per_message = call_numbers(messages)
-    result = Replay(fixture, stream, dialect=dialect)
+    result = Replay(fixture, stream, dialect=wire.name)
     seen: set[tuple[str, int]] = set()
     seen_texts: set[tuple[int, str]] = set()
     async with FakeModel() as model:
@@ -658,7 +664,8 @@ async def replay(
                 # Each assistant message is an answer; after the last message comes the request the
                 # agent would send next (the last results included), answered with plain text.
                 answers = [(i, m) for i, m in enumerate(messages) if m.get("role") == "assistant" and i]
-                answers.append((len(messages), FINAL_ANSWER))
+                if final:
+                    answers.append((len(messages), FINAL_ANSWER))
                 per_message.append([])
 
                 async def post(i: int, answer: dict[str, Any]) -> bytes:

@@ -17,9 +17,11 @@ What the claims are checked against:
   preview ``…… (+N more chars)`` matches arguments that start with it and are N characters longer;
 - "the same result" is :func:`proxy.progress.same_text` with :data:`proxy.volatile.DEFAULT_MASKS`
   (volatile spans masked); a call without a result never has the same result;
-- a result "failed" when the default :class:`proxy.failures.FailureRule` says so (no protocol error
-  flag), and "was rejected by the user" when a :data:`proxy.ops.config.DEFAULT_REJECTION_PATTERNS`
-  pattern is found at its edges (:func:`proxy.failures.edge_text`);
+- a result "failed" when the default :class:`proxy.failures.FailureRule` says so (with the
+  protocol error flag when the tool message carries ``"is_error": true``, the member
+  :mod:`tests.native_wires` keeps from a Messages ``tool_result``; else none), and "was
+  rejected by the user" when a :data:`proxy.ops.config.DEFAULT_REJECTION_PATTERNS` pattern is
+  found at its edges (:func:`proxy.failures.edge_text`);
 - "this turn" is the calls after the history's last user message (a harness's messages count);
 - what a call is "on" is its :class:`proxy.targets.TargetRule` target (a path without its leading
   ``./``) after its :func:`proxy.targets.subcommand`, and it "only reads" when
@@ -53,13 +55,15 @@ GENTLE_RUN = 3
 @dataclass(frozen=True)
 class Call:
     """One tool call of a history: tool ``name``, canonical ``arguments``, ``result`` text, the
-    ``raw`` arguments as sent and the index ``at`` of the assistant message that made it."""
+    ``raw`` arguments as sent, the index ``at`` of the assistant message that made it and the
+    result's protocol error flag ``is_error`` (True, or None: the text decides)."""
 
     name: str
     arguments: str
     result: str | None
     raw: Any = None
     at: int = -1
+    is_error: bool | None = None
 
     @property
     def parsed(self) -> Any:
@@ -75,7 +79,7 @@ def text_of(content: Any) -> str:
 
 def calls_of(history: Sequence[Message]) -> list[Call]:
     """The tool calls of ``history`` in order, each with its result."""
-    calls: list[list[Any]] = []  # [name, arguments, result, raw, at]
+    calls: list[list[Any]] = []  # [name, arguments, result, raw, at, is_error]
     pending: dict[str, list[list[Any]]] = {}
     legacy: list[Any] | None = None
     for at, m in enumerate(history):
@@ -84,18 +88,20 @@ def calls_of(history: Sequence[Message]) -> list[Call]:
             for tc in m.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 raw = fn.get("arguments")
-                call = [str(fn.get("name")), canonical(raw), None, raw, at]
+                call = [str(fn.get("name")), canonical(raw), None, raw, at, None]
                 calls.append(call)
                 pending.setdefault(str(tc.get("id")), []).append(call)
             fc = m.get("function_call")
             if not m.get("tool_calls") and isinstance(fc, dict):
                 raw = fc.get("arguments")
-                legacy = [str(fc.get("name")), canonical(raw), None, raw, at]
+                legacy = [str(fc.get("name")), canonical(raw), None, raw, at, None]
                 calls.append(legacy)
         elif role == "tool":
             waiting = pending.get(str(m.get("tool_call_id"))) or []
             if waiting:
-                waiting.pop(0)[2] = text_of(m.get("content"))
+                call = waiting.pop(0)
+                call[2] = text_of(m.get("content"))
+                call[5] = True if m.get("is_error") is True else None
         elif role == "function" and legacy is not None:
             legacy[2], legacy = text_of(m.get("content")), None
     return [Call(*c) for c in calls]
@@ -142,8 +148,8 @@ def same_result(a: Call, b: Call) -> bool:
 
 
 def failed(call: Call) -> bool:
-    """The call's result is a failure by the default failure rule (no protocol error flag)."""
-    return call.result is not None and _FAILURES(ToolResult(0, call.result, is_error=None)) is True
+    """The call's result is a failure by the default failure rule (and its error flag)."""
+    return call.result is not None and _FAILURES(ToolResult(0, call.result, is_error=call.is_error)) is True
 
 
 def rejected(call: Call) -> bool:
