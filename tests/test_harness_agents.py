@@ -228,7 +228,9 @@ def fenced_messages(
     "result",
     [
         "<returncode>0</returncode>\n<output>\nhello\n</output>",
-        "Observation: hello\n(Open file: n/a)\nbash-$",
+        "Observation: hello",
+        "OBSERVATION:\nhello",
+        "hello\n(Open file: /repo/app.py)\n(Current directory: /repo)\nbash-$",
     ],
 )
 def test_fenced_actions_answered_by_results_are_calls(result: str) -> None:

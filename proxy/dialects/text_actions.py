@@ -16,7 +16,8 @@ Two families are read here (:class:`proxy.dialects.fold.FoldState` pairs them):
   when the harness answers it with a result message*: the next message is a user message in a
   shape a harness writes every time, ``<returncode>N</returncode>`` first (mini, after an optional
   ``<exception>…</exception>``), or ``Observation:`` / ``OBSERVATION:`` first (SWE-agent and the
-  ReAct-style harnesses). :func:`fenced_action`, :func:`action_result`. A code sample in a chat is
+  ReAct-style harnesses), or ending in SWE-agent 0.x's ``(Open file: …)\\n(Current directory:
+  …)\\nbash-$``. :func:`fenced_action`, :func:`action_result`. A code sample in a chat is
   never one: a person's follow-up does not start with those lines, and the pairing is
   decided per action (an action without its result is text). The answer to a request is read the
   same way only when the history already shows the harness executing such actions
@@ -42,6 +43,8 @@ _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([A-Za-z0-9_.+-]*)[ \t]*$",
 _INFO = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
 _RESULT = re.compile(r"(?:<exception>.*?</exception>\s*)?<returncode>-?\d+</returncode>", re.DOTALL)
 _OBSERVATION = re.compile(r"(?:Observation|OBSERVATION):")
+#: SWE-agent 0.x's next-step template: the observation, then its state lines and prompt
+_SWE_PROMPT = re.compile(r"\(Open file: [^\n]*\)\r?\n\(Current directory: [^\n]*\)\r?\nbash-\$\s*\Z")
 _SMOL_ERROR = re.compile(r"Call id: [^\n]*\r?\nError:")
 #: Results beyond this size are still results; the literal_eval of a "Calling tools" list is
 #: bounded, so a huge text is never parsed (a real step's calls are a few KB).
@@ -119,13 +122,15 @@ def fenced_action(text: str) -> TextAction | None:
 
 
 def action_result(text: str) -> str | None:
-    """The result shape of a user message answering a fenced action (``"returncode"`` or
-    ``"observation"``), None when it has neither."""
+    """The result shape of a user message answering a fenced action (``"returncode"``,
+    ``"observation"`` or ``"prompt"``), None when it has none."""
     stripped = text.lstrip()
     if _RESULT.match(stripped):
         return "returncode"
     if _OBSERVATION.match(stripped):
         return "observation"
+    if _SWE_PROMPT.search(text[-2048:]):
+        return "prompt"
     return None
 
 
