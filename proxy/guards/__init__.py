@@ -104,7 +104,9 @@ def build_guards(
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
     guards = tuple(make() for enabled, make in registry if enabled)
-    return guards if stop_note is None else (*guards, stop_note)
+    # the note only speaks of withheld results: without a guard that withholds it has nothing
+    withholding = any(getattr(g, "withholds", True) for g in guards)
+    return (*guards, stop_note) if stop_note is not None and withholding else guards
 
 
 def evaluate(
