@@ -17,8 +17,9 @@ Rules:
     writes: no output redirection other than to ``/dev/null`` or another descriptor, no ``tee``,
     no ``find -delete``/``-exec``, no heredoc.
   Anything else may change state (unknown tools and programs included: precision first).
-- A call **changes the situation** when it may change state, its result is not a failure and not a
-  user's rejection (a rejected edit changed nothing), and it is *novel*: no earlier call with the
+- A call **changes the situation** when it may change state, its result is not a failure, not a
+  user's rejection (a rejected edit changed nothing) and not a cancellation
+  (:func:`proxy.failures.cancelled`: it never ran), and it is *novel*: no earlier call with the
   same tool and canonical arguments got the same result (masked, :mod:`proxy.progress`). A second
   identical write with the same result leaves the state as the first one did.
 - :func:`epochs` numbers the situations: ``before[i]`` is how many calls changed the situation
@@ -36,9 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import agents
 from proxy.canonical import canonical_arguments
 from proxy.episodes import ContinuationRule, EpisodeCounter, episodes
-from proxy.failures import FailureRule, RejectionRule
+from proxy.failures import FailureRule, RejectionRule, cancelled
 from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
 from proxy.targets import COMMAND_ARGS, own_command, subcommand
@@ -339,6 +341,11 @@ class EffectRule:
         if self._read_only.matches(name):
             return False
         sub = subcommand(arguments)
+        kind = agents.kind_of(name, arguments, sub)
+        if kind in agents.READ_ONLY_KINDS:
+            return False
+        if kind in ("mutate", "delegate"):
+            return True
         if sub is not None:
             return sub not in READ_SUBCOMMANDS
         if isinstance(arguments, dict):
@@ -411,9 +418,9 @@ def epochs(
                 novel = results is None or not any(same_result(r, call.result, masks) for r in results)
                 seen.setdefault(key, []).append(call.result)
                 del seen[key][:-4]  # the last few results of a key are enough
-            # classified only when it matters: a failed or rejected call changed nothing
+            # classified only when it matters: a failed, rejected or cancelled call changed nothing
             if novel and failures(call.result) is not True and not (rejections and rejections(call.result)):
-                n += 1
+                n += 0 if cancelled(call.result) else 1
         after.append(n)
     out = Epochs(tuple(before), tuple(after))
     _recent.insert(0, (calls, config, out))
@@ -450,9 +457,9 @@ class EpochCounter:
             else:
                 novel = results is None or not any(same_result(r, call.result, rule.masks) for r in results)
                 self.seen[key] = (*(results or ())[-3:], call.result)  # the last few results are enough
-            # classified only when it matters: a failed or rejected call changed nothing
+            # classified only when it matters: a failed, rejected or cancelled call changed nothing
             if novel and rule.failures(call.result) is not True and not rule.rejections(call.result):
-                self.n += 1
+                self.n += 0 if cancelled(call.result) else 1
         self.after.append(self.n)
 
     def unchanged(self, earlier: int, later: int) -> bool:
@@ -488,6 +495,10 @@ class Situations:
         """An empty :class:`EpochCounter` under these rules."""
         return EpochCounter(self)
 
+    def edit_ledger(self) -> EditLedger:
+        """An empty :class:`EditLedger` under these rules."""
+        return EditLedger(self)
+
     def episode_counter(self) -> EpisodeCounter:
         """An empty :class:`proxy.episodes.EpisodeCounter` under the continuation rule."""
         return EpisodeCounter(self.continuations)
@@ -495,3 +506,71 @@ class Situations:
     def episodes(self, transcript: Transcript) -> tuple[int, ...]:
         """Per call, its episode (:mod:`proxy.episodes`): turns that continuations do not split."""
         return episodes(transcript, self.continuations)
+
+
+#: Words of a tool name (or subcommand) that mark a tool the table does not know as editing a file.
+EDIT_VERBS = frozenset(("edit", "write", "replace", "patch", "insert", "create", "modify", "apply"))
+#: ... unless it also has one of these (a command runner may write, but its success says nothing
+#: about a file).
+RUN_VERBS = frozenset(("run", "exec", "execute", "bash", "shell", "sh", "cmd", "terminal", "command"))
+#: How many changes per target an :class:`EditLedger` keeps (the newest).
+LEDGER_CHANGES = 32
+
+
+def is_mutation(name: str, arguments: Any) -> bool:
+    """True when a call edits a file: its tool (or subcommand) is of kind ``mutate`` in
+    :mod:`proxy.agents`, or, for a tool the table does not know, its name has a word of
+    :data:`EDIT_VERBS` and none of :data:`RUN_VERBS` (``edit_file``, ``apply_diff``)."""
+    sub = subcommand(arguments)
+    kind = agents.kind_of(name, arguments, sub)
+    if kind is not None or agents.tool(name) is not None:
+        return kind == "mutate"
+    words = set(name_words(name))
+    if sub is not None:
+        words.update(name_words(sub))
+    return bool(words & EDIT_VERBS) and not words & RUN_VERBS
+
+
+class EditLedger:
+    """Which successful edits are progress (DESIGN §2.2: "a successful mutation with new
+    arguments is progress even when its result is a constant success line").
+
+    ``ledger.progress(call, on) -> bool`` for the calls of one episode in conversation order,
+    ``on`` what the call is on (:func:`proxy.targets.call_on`): True when the call edits a file
+    (:func:`is_mutation`), its result is known, not a failure (``situations.failures``) and not a
+    user's rejection, and its change is new on that target: not the change of an earlier
+    successful edit on it (the same edit again) and not one that undoes it (its old and new texts
+    swapped: A→B then B→A, :func:`proxy.agents.undoes`). What a call changes is
+    :func:`proxy.agents.change_of` for the agents' edit tools, else its canonical arguments. The
+    last :data:`LEDGER_CHANGES` changes per target are kept. Mutable; :meth:`copy` is
+    independent."""
+
+    __slots__ = ("_rule", "seen")
+
+    def __init__(self, situations: Situations) -> None:
+        self._rule = situations
+        #: per target, its successful edits' changes (tuples: a copy shares them)
+        self.seen: dict[tuple[str, str | None], tuple[Any, ...]] = {}
+
+    def progress(self, call: ToolCall, on: tuple[str, str | None]) -> bool:
+        result = call.result
+        if result is None or result.pending or not is_mutation(call.name, call.arguments):
+            return False
+        rule = self._rule
+        if rule.failures(result) is True or rule.rejections(result):
+            return False
+        change: Any = agents.change_of(call.name, call.arguments, call.arguments_raw)
+        if change is None:
+            change = canonical_arguments(call.arguments, call.arguments_raw)
+        seen = self.seen.get(on, ())
+        self.seen[on] = (*seen[-(LEDGER_CHANGES - 1) :], change)
+        if change in seen:
+            return False
+        return not (
+            isinstance(change, tuple) and any(isinstance(e, tuple) and agents.undoes(change, e) for e in seen)
+        )
+
+    def copy(self) -> EditLedger:
+        out = EditLedger(self._rule)
+        out.seen = dict(self.seen)
+        return out

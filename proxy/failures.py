@@ -2,6 +2,10 @@
 
 The rule, in order:
 
+0. **A cancelled call** (:func:`cancelled`: its result says it never ran because another call of
+   its step failed) is neither a failure nor a success: ``None``, as for a call without a result.
+   Claude Code answers the other calls of a parallel step that way when one of them errors; ten
+   parallel edits of which one failed are one failure, not ten.
 1. **The protocol's error flag** decides when the dialect has one (``ToolResult.is_error`` is not
    None): True is a failure, False is a success, whatever the text says.
 2. **An explicit exit status at the edge of the result** decides when there is one: a line of
@@ -26,6 +30,10 @@ The rule, in order:
    middle of a long output is file content or program output, not the tool's verdict. This also
    keeps the cost flat: the 300 results of a 5 MB history are classified in about 2 ms.
 
+5. **A known agent's failure line** (:func:`proxy.agents.failure_lines`: Codex's ``apply_patch
+   verification failed: …``, Gemini CLI's ``Failed to edit, 0 occurrences found …``) at the edge
+   of the result, whatever the configured patterns: each is specific to its tool.
+
 Every default pattern (and every exit-status pattern) is anchored at the start of a line, and the
 ones with a ``program: `` prefix require the program name to have no colon and to be followed by
 exactly one space and a non-space. So a grep hit (``src/errors.py:10: class ErrorHandler``,
@@ -48,6 +56,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from proxy import agents
 from proxy.transcript import ToolResult
 
 #: How many lines at each end of a result the patterns see.
@@ -71,6 +80,28 @@ EXIT_STATUS_PATTERNS: tuple[str, ...] = (
     r"^[\[(]?(?:[\w-]+ ){0,4}?(?i:exit(?:ed)? (?:with )?(?:exit )?(?:code|status)|return ?code)[:=]? *"
     r"(-?\d+)[.)\]]*[ \t\r]*$",
 )
+#: Whole results (trimmed) that say the call was cancelled, never run, because another call of its
+#: step failed: Claude Code 2.x's answer to every other call of a parallel step when one errors
+#: (with ``is_error: true``; seen in recorded Claude Code sessions). Exact texts: a result that
+#: merely mentions them is the tool's own output.
+CANCELLED_TEXTS: frozenset[str] = frozenset(
+    (
+        "<tool_use_error>Sibling tool call errored</tool_use_error>",
+        "Sibling tool call errored",
+    )
+)
+_CANCELLED_MAX = max(map(len, CANCELLED_TEXTS)) + _TRAILING
+
+
+def cancelled(result: ToolResult | None) -> bool:
+    """True when ``result`` is a cancellation (:data:`CANCELLED_TEXTS`, the whole text trimmed):
+    the call never ran, so it is neither a failure nor a success and changed nothing. False for
+    no result or a pending one."""
+    if result is None or result.pending or len(result.text) > _CANCELLED_MAX:
+        return False
+    return result.text.strip() in CANCELLED_TEXTS
+
+
 #: What :meth:`FailureRule.reason` returns for a non-zero exit status (rule step 2).
 EXIT_STATUS = "exit_status"
 
@@ -112,6 +143,9 @@ DEFAULT_FAILURE_PATTERNS: tuple[str, ...] = (
 )
 
 _JSON_START = re.compile(r"\s*\{")
+_AGENT_FAILURE = re.compile("|".join(f"(?:{p})" for p in agents.failure_lines()), re.MULTILINE)
+#: What :meth:`FailureRule.reason` returns for a known agent's failure line (rule step 5).
+AGENT_FAILURE = "agent_failure"
 _EXIT_STATUS = re.compile("|".join(f"(?:{p})" for p in EXIT_STATUS_PATTERNS), re.MULTILINE)
 
 
@@ -184,8 +218,9 @@ def json_error(text: str) -> bool:
 
 class FailureRule:
     """Classifies tool results: ``FailureRule()(result)`` is True (failure), False (success) or
-    None (no result yet), by the module's rule steps 1 to 4. ``patterns`` replace
-    :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 are not patterns and always apply."""
+    None (no result yet, or a cancelled call), by the module's rule steps 0 to 5. ``patterns``
+    replace :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 and 5 are not patterns and
+    always apply."""
 
     __slots__ = ("_any", "_compiled", "_memo", "patterns")
 
@@ -206,7 +241,7 @@ class FailureRule:
                 self._any = None
 
     def failed_text(self, text: str) -> bool:
-        """True when ``text`` is a failure by rule steps 2 to 4 (as :meth:`reason`, faster;
+        """True when ``text`` is a failure by rule steps 2 to 5 (as :meth:`reason`, faster;
         memoized for texts up to :attr:`MEMO_MAX_CHARS`)."""
         if len(text) > self.MEMO_MAX_CHARS:
             return self._failed_text(text)
@@ -228,13 +263,15 @@ class FailureRule:
         if json_error(text):
             return True
         if self._any is not None:
-            return any(self._any.search(text, a, b) is not None for a, b in spans)
+            if any(self._any.search(text, a, b) is not None for a, b in spans):
+                return True
+            return any(_AGENT_FAILURE.search(text, a, b) is not None for a, b in spans)
         return self.reason(text) is not None
 
     def reason(self, text: str) -> str | None:
         """Why ``text`` is a failure: :data:`EXIT_STATUS` (``"exit_status"``, a non-zero exit
-        status), ``"json"``, or the first pattern that matched; None when it is not one (rule
-        steps 2 to 4; the flag is :meth:`__call__`'s business)."""
+        status), ``"json"``, the first pattern that matched, or :data:`AGENT_FAILURE`; None when
+        it is not one (rule steps 2 to 5; the flag is :meth:`__call__`'s business)."""
         spans = edge_spans(text)
         status = exit_status(text, spans)
         if status is not None:
@@ -244,10 +281,12 @@ class FailureRule:
         for pattern, compiled in zip(self.patterns, self._compiled, strict=True):
             if any(compiled.search(text, a, b) is not None for a, b in spans):
                 return pattern
+        if any(_AGENT_FAILURE.search(text, a, b) is not None for a, b in spans):
+            return AGENT_FAILURE
         return None
 
     def __call__(self, result: ToolResult | None) -> bool | None:
-        if result is None:
+        if result is None or cancelled(result):
             return None
         if result.is_error is not None:
             return result.is_error

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import agents
 from proxy.patterns import NamePatterns
 
 DEFAULT_TARGET_ARGS = (
@@ -170,15 +171,18 @@ class TargetRule:
         return None
 
 
-def call_on(rule: TargetRule, name: str, arguments: Any) -> tuple[str, str | None]:
+def call_on(rule: TargetRule, name: str, arguments: Any, raw: Any = None) -> tuple[str, str | None]:
     """What a call is on, for rules that follow one tool on one target (repeated_failure, the
     escalation ladder): (tool name with its :func:`subcommand`, target as :func:`path_key` for a
-    path, the command text for a command; None when the call has no target)."""
+    path, the command text for a command; None when the call has no target). A patch tool's call
+    (Codex ``apply_patch``, whose raw input ``raw`` is the patch) is on the first file its patch
+    names (:func:`proxy.agents.patched_files`)."""
     target = rule(name, arguments)
     sub = subcommand(arguments)
     tool = f"{name} {sub}" if sub else name
     if target is None:
-        return tool, None
+        files = agents.patched_files(name, arguments, raw)
+        return tool, (path_key(files[0]) if files else None)
     return tool, target.value if target.is_command else path_key(target.value)
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import agents
 from proxy.canonical import canonical_arguments, parse_arguments
 from proxy.effects import EffectRule
 from proxy.failures import FailureRule, edge_text
@@ -562,7 +563,8 @@ def echo(history: Sequence[Message], text: str) -> list[str]:
 
 _SAME_TARGET = re.compile(
     r"(?s)\[loopguard\] You called (?P<subject>.+?) (?P<count>\d+) times in a row, with different "
-    r"arguments each time, and it returned the same result each time\.\n- tool: (?P<tool>[^\n]*)\n"
+    r"arguments each time, and it (?:returned the same result each time\.|failed the same way each "
+    r"time:\n  (?P<error>[^\n]*))\n- tool: (?P<tool>[^\n]*)\n"
     r"- last arguments: (?P<arguments>.*?)\nChanging the arguments"
 )
 
@@ -570,7 +572,9 @@ _SAME_TARGET = re.compile(
 def same_target(history: Sequence[Message], text: str) -> list[str]:
     """The last N calls are all on the subject (tool, subcommand, target), the last one with the
     shown arguments; their arguments are not all the same (the text says "different arguments"
-    — checked as: not all one call); their results are all the same after masking."""
+    — checked as: not all one call); their results are all the same after masking, or ("failed
+    the same way") each one failed and has the quoted failure shape of its tool
+    (:func:`proxy.agents.failure_shape`, the part its tool echoes back left out)."""
     m = _SAME_TARGET.match(text)
     if m is None:
         return [f"cannot read the subject, count and arguments: {shown(text)}"]
@@ -587,7 +591,21 @@ def same_target(history: Sequence[Message], text: str) -> list[str]:
         out.append(f"last arguments: the last call is {last[-1].name} {shown(last[-1].arguments)}")
     if len({c.arguments for c in last}) == 1:
         out.append(f"with different arguments: the last {n} calls are one call")
-    if not same_results(last):
+    if m["error"] is not None:
+        rule = FailureRule()
+        off = next(
+            (
+                k
+                for k, c in enumerate(last, 1)
+                if c.result is None
+                or not (c.is_error or rule.failed_text(c.result))
+                or not matches_preview(m["error"], agents.failure_shape(c.name, c.result) or "")
+            ),
+            None,
+        )
+        if off is not None:
+            out.append(f"failed the same way each time: call {off} of the last {n} did not fail that way")
+    elif not same_results(last):
         out.append(f"the same result each time: the last {n} calls did not all return the same result")
     return out
 

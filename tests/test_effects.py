@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.effects import EffectRule, epochs, shell_read_only
+from proxy.canonical import INVALID
+from proxy.effects import EditLedger, EffectRule, Situations, epochs, is_mutation, shell_read_only
 from proxy.errors import ConfigError
 from proxy.failures import FailureRule, RejectionRule
 from proxy.ops.config import Config, build
@@ -44,6 +45,17 @@ RULE = EffectRule()
         pytest.param("bash", {"command": "python fix.py"}, True, id="shell_unknown_program"),
         pytest.param("shell", {"command": ["bash", "-lc", "git status -sb"]}, False, id="codex_argv"),
         pytest.param("shell", {"command": ["git", "commit", "-m", "x"]}, True, id="argv_git_commit"),
+        # the agents' table (proxy.agents): what its kinds say, beyond the name words
+        pytest.param("AskUserQuestion", {"questions": []}, False, id="claude_code_asks_the_user"),
+        pytest.param("ExitPlanMode", {"plan": "x"}, False, id="claude_code_plan_approval"),
+        pytest.param("Skill", {"skill": "pdf"}, False, id="claude_code_skill_loads_instructions"),
+        pytest.param("TaskCreate", {"subject": "x"}, False, id="claude_code_task_list"),
+        pytest.param("Task", {"prompt": "x"}, True, id="claude_code_sub_agent_may_change"),
+        pytest.param("apply_patch", {"input": "*** Begin Patch"}, True, id="codex_patch"),
+        pytest.param("exec_command", {"cmd": "git status"}, False, id="codex_exec_reads_by_its_command"),
+        pytest.param(
+            "write_stdin", {"session_id": 1, "chars": ""}, True, id="a_wait_keeps_the_generic_reading"
+        ),
     ],
 )
 def test_which_calls_may_change_state(tool: str, arguments: dict[str, Any], changes: bool) -> None:
@@ -122,10 +134,21 @@ def test_the_same_write_with_the_same_result_again_changes_nothing_new() -> None
         ("edit", {"command": "edit 95:96\n  x = 1\nend_of_edit\n"}, ("edit", "edit")),
         ("open", {"command": "open src/a.py 232\n"}, ("open", "open src/a.py")),
         ("search", {"query": "x"}, ("search", None)),
+        (
+            "apply_patch",
+            {"input": "*** Begin Patch\n*** Update File: ./src/a.py\n"},
+            ("apply_patch", "src/a.py"),
+        ),
     ],
 )
 def test_what_a_call_is_on(tool: str, arguments: dict[str, Any], expected: tuple[str, str | None]) -> None:
     assert call_on(TargetRule(), tool, arguments) == expected
+
+
+def test_a_codex_custom_tool_patch_is_on_its_first_file() -> None:
+    raw = "*** Begin Patch\n*** Update File: /r/a.py\n@@\n-x\n+y\n*** Update File: /r/b.py\n*** End Patch"
+    assert call_on(TargetRule(), "apply_patch", INVALID, raw) == ("apply_patch", "/r/a.py")
+    assert call_on(TargetRule(), "custom", INVALID, raw) == ("custom", None)
 
 
 @pytest.mark.parametrize(
@@ -140,3 +163,81 @@ def test_what_a_call_is_on(tool: str, arguments: dict[str, Any], expected: tuple
 )
 def test_subcommands(arguments: dict[str, Any], sub: str | None) -> None:
     assert subcommand(arguments) == sub
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "mutation"),
+    [
+        pytest.param("Edit", {"file_path": "a"}, True, id="claude_code_edit"),
+        pytest.param("apply_patch", "INVALID", True, id="codex_patch"),
+        pytest.param("replace", {"file_path": "a"}, True, id="gemini_replace"),
+        pytest.param("str_replace_editor", {"command": "str_replace", "path": "a"}, True, id="editor_edit"),
+        pytest.param("str_replace_editor", {"command": "view", "path": "a"}, False, id="editor_view"),
+        pytest.param("Bash", {"command": "sed -i s/a/b/ a"}, False, id="a_shell_is_not_an_edit_tool"),
+        pytest.param("write_stdin", {"chars": "x"}, False, id="codex_stdin"),
+        pytest.param("edit_file", {"path": "a"}, True, id="unknown_tool_named_for_editing"),
+        pytest.param("run_edit_script", {"path": "a"}, False, id="unknown_tool_that_runs"),
+        pytest.param("read_file", {"path": "a"}, False, id="a_read"),
+    ],
+)
+def test_which_calls_edit_a_file(tool: str, arguments: Any, mutation: bool) -> None:
+    assert is_mutation(tool, arguments) is mutation
+
+
+OK = "The file /r/a.py has been updated successfully."
+
+
+def cc_edit(old: str, new: str, result: str = OK) -> tuple[str, dict[str, Any], str]:
+    return ("Edit", {"file_path": "/r/a.py", "old_string": old, "new_string": new}, result)
+
+
+@pytest.mark.parametrize(
+    ("steps", "progress"),
+    [
+        pytest.param(
+            [cc_edit("a", "b"), cc_edit("b", "c"), cc_edit("c", "d")], [True, True, True], id="new_changes"
+        ),
+        pytest.param(
+            [cc_edit("a", "b"), cc_edit("b", "a"), cc_edit("a", "b")], [True, False, False], id="undo_redo"
+        ),
+        pytest.param(
+            [
+                cc_edit(
+                    "a",
+                    "b",
+                    "<tool_use_error>String to replace not found in file.\nString: a</tool_use_error>",
+                ),
+                cc_edit("a", "b"),
+            ],
+            [False, True],
+            id="a_failed_edit_is_no_progress_and_not_kept",
+        ),
+        pytest.param(
+            [
+                cc_edit(
+                    "a",
+                    "b",
+                    "The user doesn't want to proceed with this tool use. The tool use was rejected.",
+                )
+            ],
+            [False],
+            id="a_rejected_edit",
+        ),
+        pytest.param(
+            [
+                ("Write", {"file_path": "/r/a.py", "content": "x"}, "File created successfully at: /r/a.py"),
+                ("Write", {"file_path": "/r/a.py", "content": "y"}, OK),
+                ("Write", {"file_path": "/r/a.py", "content": "x"}, OK),
+            ],
+            [True, True, False],
+            id="a_file_written_back_to_an_earlier_content",
+        ),
+        pytest.param([("Bash", {"command": "python fix.py"}, "ok")], [False], id="not_an_edit"),
+    ],
+)
+def test_which_successful_edits_are_progress(steps: list[Any], progress: list[bool]) -> None:
+    t = transcript(History().steps(steps))
+    situations = Situations(rejections=RejectionRule([r"(?i)the user doesn't want to proceed"]))
+    ledger = EditLedger(situations)
+    on = ("Edit", "/r/a.py")
+    assert [ledger.progress(c, on) for c in t.calls] == progress

@@ -427,3 +427,118 @@ def test_a_new_result_before_the_reminders_sets_the_count_back_when_resumed() ->
     ctx = Context(prior=prior)
     whole = assert_resumes(Escalation(EscalationConfig()), t, ctx, cuts=[step.position for step in t.steps])
     assert [(a.position, a.count) for a in whole] == [(h.result_position(6), 2)]
+
+
+# --- agents' edits (proxy.agents): successful edits are progress, one failure is one failure ---
+
+APP = "/r/app.py"
+
+
+def cc_edit(old: str, new: str) -> tuple[str, dict[str, Any], str]:
+    """Claude Code's Edit, answered with its constant success line."""
+    return (
+        "Edit",
+        {"file_path": APP, "old_string": old, "new_string": new},
+        f"The file {APP} has been updated successfully.",
+    )
+
+
+def cc_missing(old: str) -> tuple[str, dict[str, Any], str]:
+    error = f"<tool_use_error>String to replace not found in file.\nString: {old}</tool_use_error>"
+    return ("Edit", {"file_path": APP, "old_string": old, "new_string": "y"}, error)
+
+
+def codex_patch(old: str, result: str) -> tuple[str, str, str]:
+    """Codex's apply_patch (a custom tool: the raw patch is its input)."""
+    return (
+        "apply_patch",
+        f"*** Begin Patch\n*** Update File: {APP}\n@@\n-{old}\n+y\n*** End Patch\n",
+        result,
+    )
+
+
+def codex_missing(old: str) -> tuple[str, str, str]:
+    return codex_patch(
+        old, f"apply_patch verification failed: Failed to find expected lines in {APP}:\n{old}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param([cc_edit(f"v{k}", f"v{k + 1}") for k in range(10)], [], id="ten_new_edits_are_progress"),
+        pytest.param(
+            [
+                codex_patch(
+                    f"v{k}",
+                    "Exit code: 0\nWall time: 0 seconds\nOutput:\nSuccess. Updated the following "
+                    f"files:\nM {APP}\n",
+                )
+                for k in range(10)
+            ],
+            [],
+            id="ten_new_patches_are_progress",
+        ),
+        pytest.param(
+            [cc_edit("A", "B"), cc_edit("B", "A")] * 3,
+            [
+                (3, "remind", "same_target"),
+                (5, "remind", "same_target"),
+                (6, "remind", "recurrence"),
+                (6, "withhold", "escalation"),
+            ],
+            id="edits_back_and_forth_are_withheld",
+        ),
+        pytest.param(
+            [cc_missing(f"def f{k}():") for k in range(6)],
+            [
+                (3, "remind", "repeated_failure"),
+                (3, "remind", "same_target"),
+                (5, "remind", "same_target"),
+                (6, "withhold", "escalation"),
+            ],
+            id="claude_code_missing_text_drifting",
+        ),
+        pytest.param(
+            [codex_missing(f"def f{k}():") for k in range(6)],
+            [
+                (3, "remind", "repeated_failure"),
+                (3, "remind", "same_target"),
+                (5, "remind", "same_target"),
+                (6, "withhold", "escalation"),
+            ],
+            id="codex_missing_lines_drifting",
+        ),
+    ],
+)
+def test_agents_edits(steps: list[Any], expected: list[tuple[int, str, str]]) -> None:
+    assert described(History().steps(steps)) == expected
+
+
+@pytest.mark.parametrize(
+    ("steps", "answer"),
+    [
+        pytest.param(
+            [cc_missing(f"def f{k}():") for k in range(6)],
+            AssembledCall(
+                "c7", "Edit", json.dumps({"file_path": APP, "old_string": "def f6():", "new_string": "y"})
+            ),
+            id="claude_code",
+        ),
+        pytest.param(
+            [codex_missing(f"def f{k}():") for k in range(6)],
+            AssembledCall("c7", "apply_patch", codex_missing("def f6():")[1]),
+            id="codex",
+        ),
+    ],
+)
+def test_the_next_drifting_failing_edit_after_the_withhold_is_stopped(
+    steps: list[Any], answer: AssembledCall
+) -> None:
+    stop = stop_of(History().steps(steps), answer)
+    assert stop is not None and (stop.reason, stop.tool) == ("escalation", answer.name)
+
+
+def test_a_successful_new_edit_after_failing_ones_is_not_stopped() -> None:
+    h = History().steps([cc_missing(f"def f{k}():") for k in range(5)] + [cc_edit("def f():", "def g():")])
+    assert [a for a in actions(h) if isinstance(a, Withhold)] == []

@@ -143,8 +143,34 @@ def _drift(note: str, result: str = "x = 1") -> tuple[str, str, str]:
 FAILED_EDIT = "str_replace_editor str_replace on a.py"
 NO_REPLACEMENT = "No replacement was performed, old_str `{}` did not appear."
 
+
+def _failed_the_same_way(n: int, last: str) -> str:
+    from proxy.guards.same_target import FAILED_TEXT
+
+    args = orjson.dumps({"command": "str_replace", "new_str": "y", "old_str": last, "path": "a.py"}).decode()
+    return FAILED_TEXT.format(
+        subject=FAILED_EDIT,
+        count=n,
+        error="No replacement was performed",
+        tool="str_replace_editor",
+        arguments=args,
+    )
+
+
 #: (checker, history, reminder text, violations): a true and a false case per registered text.
 CASES = [
+    (
+        "same_target",  # one failure whose echo differs every time
+        _history(PWD, _replace("a", False), _replace("b", False), _replace("c", False)),
+        _failed_the_same_way(3, "c"),
+        [],
+    ),
+    (
+        "same_target",
+        _history(_replace("a", False), _replace("b", ok=True), _replace("c", False)),
+        _failed_the_same_way(3, "c"),
+        ["failed the same way each time: call 2 of the last 3 did not fail that way"],
+    ),
     (
         "same_target",
         _history(PWD, _drift("a"), _drift("b"), _drift("c")),
@@ -504,6 +530,10 @@ def test_the_checkers_read_the_texts_the_proxy_writes_today() -> None:
             same_target.TEXT.format(
                 subject="read_file on t.py", count=3, tool="read_file", arguments='{"note":"c","path":"t.py"}'
             ),
+        ),
+        (
+            _history(_replace("a", False), _replace("b", False), _replace("c", False)),
+            _failed_the_same_way(3, "c"),
         ),
     ]
     assert [check_reminder(h, t) for h, t in texts] == [[]] * len(texts)

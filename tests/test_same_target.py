@@ -22,6 +22,21 @@ THINK: Call = ("think", {"thought": "hm"}, "Your thought has been logged.")
 EDIT: Call = ("edit_file", {"path": "t.py", "old": "1", "new": "2"}, "Edited.")
 
 
+FILE = "/r/app.py"
+EDITED = f"The file {FILE} has been updated successfully."
+
+
+def edit(old: str, new: str, **extra: Any) -> Call:
+    """Claude Code's Edit of app.py, answered with its constant success line."""
+    return ("Edit", {"file_path": FILE, "old_string": old, "new_string": new, **extra}, EDITED)
+
+
+def not_found(old: str) -> Call:
+    """Claude Code's Edit whose old text is missing: the error echoes it."""
+    error = f"<tool_use_error>String to replace not found in file.\nString: {old}</tool_use_error>"
+    return ("Edit", {"file_path": FILE, "old_string": old, "new_string": "y"}, error)
+
+
 def guard(**settings: Any) -> SameTarget:
     return SameTarget(build(SameTargetConfig, settings))
 
@@ -50,6 +65,26 @@ HISTORIES = {
         History().steps(drifting(2)).user("continue").steps([drift("c")]),
         [("remind", 3, 3)],
     ),
+    "ten_successful_edits_with_new_changes_are_progress": (
+        History().steps([edit(f"v = {k}", f"v = {k + 1}") for k in range(10)]),
+        [],
+    ),
+    "edits_going_back_and_forth_are_a_rewrite_loop": (
+        History().steps([edit("A", "B"), edit("B", "A")] * 3),
+        [("remind", 3, 3), ("remind", 5, 5)],
+    ),
+    "the_same_edit_again_is_no_progress": (
+        History().steps([edit("A", "B"), edit("A", "B", replace_all=True), edit("A", "B")]),
+        [("remind", 3, 3)],
+    ),
+    "a_new_edit_after_a_revert_starts_again": (
+        History().steps([edit("A", "B"), edit("B", "A"), edit("A", "C"), edit("C", "D")]),
+        [],
+    ),
+    "failing_edits_echoing_their_old_text_are_one_failure": (
+        History().steps([not_found(f"def f{k}():") for k in range(5)]),
+        [("remind", 3, 3), ("remind", 5, 5)],
+    ),
     "run_after_a_new_request_counts_afresh": (
         History().steps(drifting(2)).user("Now look at the tests instead.").steps(drifting(3)),
         [("remind", 5, 3)],
@@ -68,3 +103,17 @@ def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
 ) -> None:
     whole = assert_resumes(guard(), transcript(history))
     assert len(whole) == len(expected)
+
+
+def test_a_run_of_one_failure_says_it_failed_the_same_way() -> None:
+    (first, _) = guard()(transcript(History().steps([not_found(f"def f{k}():") for k in range(5)])), None)
+    assert first.text == (
+        f"[loopguard] You called Edit on {FILE} 3 times in a row, with different arguments each time, "
+        "and it failed the same way each time:\n"
+        "  <tool_use_error>String to replace not found in file.\n"
+        "- tool: Edit\n"
+        f'- last arguments: {{"file_path":"{FILE}","new_string":"y","old_string":"def f2():"}}\n'
+        "Changing the arguments this way does not fix it. Read the error and check its cause first "
+        "(for an edit: read the file again, as it is now), do something different, or tell the user "
+        "what is blocking you."
+    )

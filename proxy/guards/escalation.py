@@ -15,7 +15,10 @@ bottom of the ladder):
   to that tool on that target whose result is *nothing new* — equal (masked,
   :mod:`proxy.progress`) to the result of an earlier call on it in the episode — has its result
   withheld. A new result is
-  progress and passes: the ladder stops only what keeps failing to move. A new result also sets
+  progress and passes: the ladder stops only what keeps failing to move. So is a successful
+  edit with a new change (:class:`proxy.effects.EditLedger`), whatever its constant success line
+  says; and a failure with the same shape as an earlier one on it (an agent's tool that echoes its
+  arguments in its errors, :func:`proxy.agents.failure_shape`) is nothing new. A new result also sets
   the count back: only reminders placed after the last new result on that target count (a job
   polled with one command, whose output moves on every few polls, gets its "same result"
   reminders between the moves, and is never withheld; found by a new user's Claude Code tryout,
@@ -24,7 +27,9 @@ bottom of the ladder):
   on that target got nothing new and this one repeats it with at most small changes to its
   arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher`
   ratio over their first :data:`SIMILAR_CHARS` characters): a drifting repeat, not a new approach
-  (a rewritten edit of the same file is a new approach and is not stopped).
+  (a rewritten edit of the same file is a new approach and is not stopped). A cancelled call
+  (:func:`proxy.failures.cancelled`: it never ran) is neither: never withheld, and it neither
+  adds a result nor counts as progress.
 - This is what ends loops whose arguments drift (a small model's escaping noise, reminder text
   echoed into the arguments), which exact-match rules never see as repeats: the reminders of the
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
@@ -40,10 +45,12 @@ import bisect
 import difflib
 from collections.abc import Sequence
 
+from proxy import agents
 from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
+from proxy.effects import EditLedger, Situations
 from proxy.episodes import EpisodeCounter
+from proxy.failures import cancelled
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized
 from proxy.ops.config import EscalationConfig
@@ -100,11 +107,13 @@ class Escalation:
 
     def on(self, call: ToolCall) -> tuple[str, str | None]:
         """What ``call`` is on (memoized per tool and arguments string)."""
-        return memoized(self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments))
+        return memoized(
+            self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments, c.arguments_raw)
+        )
 
     def begin(self) -> EscalationState:
         """The state before any call (:mod:`proxy.guards.resume`)."""
-        return EscalationState(self._situations.episode_counter())
+        return EscalationState(self._situations.episode_counter(), self._situations.edit_ledger())
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         return self.advance(self.begin(), transcript, ctx, transcript.message_count)
@@ -134,6 +143,7 @@ class Escalation:
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
                 s.episode, s.start, s.tracks = episode, call.seq, {}
+                s.edits = self._situations.edit_ledger()
             afters = about.get(call.seq)
             if afters is None and not s.tracks:  # nothing reminded about in the episode yet
                 continue
@@ -146,12 +156,12 @@ class Escalation:
                 track = s.tracks[on] = Track()
                 for seq in range(s.start, call.seq):
                     if self.on(calls[seq]) == on:
-                        self._judge(track, calls[seq], calls, masks)
+                        self._judge(track, calls[seq], calls, masks, s.edits, on)
             for after in afters or ():
                 i = bisect.bisect_left(track.places, after)
                 if i == len(track.places) or track.places[i] != after:  # once per place
                     track.places.insert(i, after)
-            stale = self._judge(track, call, calls, masks)
+            stale = self._judge(track, call, calls, masks, s.edits, on)
             if not stale or call.result is None:
                 continue
             # reminders read before it, and after the last new result on it (progress)
@@ -178,12 +188,30 @@ class Escalation:
         return actions
 
     @staticmethod
-    def _judge(track: Track, call: ToolCall, calls: Sequence[ToolCall], masks: Masks) -> bool:
-        """Whether ``call`` got nothing new on its target (``track``), updating the track."""
+    def _judge(
+        track: Track,
+        call: ToolCall,
+        calls: Sequence[ToolCall],
+        masks: Masks,
+        edits: EditLedger,
+        on: tuple[str, str | None],
+    ) -> bool:
+        """Whether ``call`` got nothing new on its target (``track``), updating the track and the
+        episode's ``edits`` (not for a cancelled call: it got nothing at all)."""
+        if cancelled(call.result):
+            return False
         if known(call.result):
             assert call.result is not None
-            stale = any(same_result(r, call.result, masks) for r in track.results)
+            shape = agents.failure_shape(call.name, call.result.text)
+            if edits.progress(call, on):
+                stale = False
+            else:
+                stale = any(same_result(r, call.result, masks) for r in track.results) or (
+                    shape is not None and shape in track.shapes
+                )
             track.results.append(call.result)
+            if shape is not None:
+                track.shapes.append(shape)
         else:
             stale = track.last_stale is not None and similar(calls[track.last_stale], call)
         track.last_stale = call.seq if stale else None
@@ -195,20 +223,22 @@ class Escalation:
 class Track:
     """What one episode has of the calls on one tool and target that were reminded about:
     ``places`` (sorted, once each) of the reminders about them read so far, their known
-    ``results`` in order, ``last_stale`` the last call's ``seq`` when it got nothing new, and
-    ``moved`` the position of the last new result (-1: none)."""
+    ``results`` in order and the failure ``shapes`` among them, ``last_stale`` the last call's
+    ``seq`` when it got nothing new, and ``moved`` the position of the last new result (-1:
+    none)."""
 
-    __slots__ = ("last_stale", "moved", "places", "results")
+    __slots__ = ("last_stale", "moved", "places", "results", "shapes")
 
     def __init__(self) -> None:
         self.places: list[int] = []
         self.results: list[ToolResult] = []
+        self.shapes: list[str] = []
         self.last_stale: int | None = None
         self.moved = -1
 
     def copy(self) -> Track:
         out = Track()
-        out.places, out.results = list(self.places), list(self.results)
+        out.places, out.results, out.shapes = list(self.places), list(self.results), list(self.shapes)
         out.last_stale, out.moved = self.last_stale, self.moved
         return out
 
@@ -217,21 +247,23 @@ class EscalationState:
     """What :class:`Escalation` has read: the next call (``next``, an index into
     ``transcript.calls``), the episode counter, the current ``episode``, the ``seq`` of its
     first call (``start``) and a :class:`Track` per tool and target reminded about in it
-    (``tracks``; a target is tracked from its first reminder, its earlier calls in the episode
+    (``tracks``) and the changes of its edits on them (``edits``; a target is tracked from its
+    first reminder, its earlier calls in the episode
     read again then; earlier episodes are never read again). Mutable; :meth:`copy` is
     independent."""
 
-    __slots__ = ("episode", "episodes", "next", "start", "tracks")
+    __slots__ = ("edits", "episode", "episodes", "next", "start", "tracks")
 
-    def __init__(self, episodes: EpisodeCounter) -> None:
+    def __init__(self, episodes: EpisodeCounter, edits: EditLedger) -> None:
         self.episodes = episodes
+        self.edits = edits
         self.next = 0
         self.episode = -1
         self.start = 0
         self.tracks: dict[tuple[str, str | None], Track] = {}
 
     def copy(self) -> EscalationState:
-        out = EscalationState(self.episodes.copy())
+        out = EscalationState(self.episodes.copy(), self.edits.copy())
         out.next, out.episode, out.start = self.next, self.episode, self.start
         out.tracks = {on: t.copy() for on, t in self.tracks.items()}
         return out

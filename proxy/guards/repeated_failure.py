@@ -109,7 +109,7 @@ class RepeatedFailure:
         return memoized(self._memo, call, self._on_uncached)
 
     def _on_uncached(self, call: ToolCall) -> tuple[str, str | None]:
-        return call_on(self._targets, call.name, call.arguments)
+        return call_on(self._targets, call.name, call.arguments, call.arguments_raw)
 
     def _bad(self, call: ToolCall) -> tuple[bool, bool]:
         """(its result failed or was rejected, it was rejected) — only asked of calls repeated."""
