@@ -57,6 +57,7 @@ from proxy.ops.config import EscalationConfig
 from proxy.progress import Masks, same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
+from proxy.waits import is_wait
 
 RULE = "escalation"
 #: How alike (difflib ratio) a pending call's arguments must be to the last stale call's.
@@ -140,6 +141,8 @@ class Escalation:
         masks = self._situations.masks
         actions: list[Action] = []
         for call in unread(s, calls, upto):
+            if is_wait(call):  # waiting is not looping (proxy.waits): never withheld
+                continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
                 s.episode, s.start, s.tracks = episode, call.seq, {}
@@ -155,7 +158,7 @@ class Escalation:
                 # the first reminder on it: judge the episode's calls on it before this one
                 track = s.tracks[on] = Track()
                 for seq in range(s.start, call.seq):
-                    if self.on(calls[seq]) == on:
+                    if self.on(calls[seq]) == on and not is_wait(calls[seq]):
                         self._judge(track, calls[seq], calls, masks, s.edits, on)
             for after in afters or ():
                 i = bisect.bisect_left(track.places, after)
