@@ -59,6 +59,7 @@ def build_guards(
     masks: Masks = DEFAULT_MASKS,
     effects: EffectRule | None = None,
     continuations: ContinuationRule | None = None,
+    stop_note: Guard | None = None,
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
@@ -66,7 +67,9 @@ def build_guards(
     reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
     (:mod:`proxy.effects`); ``continuations``: which user messages do not start a new episode
-    (:mod:`proxy.episodes`); all for guards with ``progress_aware``."""
+    (:mod:`proxy.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
+    note on harness replies (:func:`proxy.guards.stop_note.stop_note_for`; last: it reads every
+    other guard's withheld results)."""
     turn = cfg.turn_guard
     inject = cfg.repeat_reminder.inject_as
     targets = TargetRule(overrides=turn.targets)
@@ -103,7 +106,10 @@ def build_guards(
         # issue 10: last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
-    return tuple(make() for enabled, make in registry if enabled)
+    guards = tuple(make() for enabled, make in registry if enabled)
+    # the note only speaks of withheld results: without a guard that withholds it has nothing
+    withholding = any(getattr(g, "withholds", True) for g in guards)
+    return (*guards, stop_note) if stop_note is not None and withholding else guards
 
 
 def evaluate(

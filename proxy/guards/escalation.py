@@ -35,7 +35,8 @@ bottom of the ladder):
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
 - The response side (:class:`proxy.response.decide.StopJudge`) ends the turn when, with ``stop``, an
   answer's call would be withheld by this rule again after it already withheld one in the turn
-  (since the last user message of any kind: "continue" gives the model one more chance).
+  (since the last user message of any kind: "continue" gives the model one more chance; a
+  harness's format-error reply is none, :func:`proxy.response.decide.turn_start`).
 """
 
 from __future__ import annotations
