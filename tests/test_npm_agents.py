@@ -277,7 +277,9 @@ async def test_cline_yolo_answers_the_stop_and_runs_on(
         agent.find(), f"{base}/v1", "chat", PROMPT, work, tmp_path / "home", timeout=20, yolo=True
     )
     assert run.returncode is None  # killed: the output it buffered is lost
-    echoed = [str(m.get("content")) for m in model.bodies[-1]["messages"] if m["role"] == "assistant"]
+    # every request's history (Cline trims a long one, and the script runs out into "Giving up."
+    # answers that it keeps answering: the stop need not be in the last request any more)
+    echoed = [str(m.get("content")) for b in model.bodies for m in b["messages"] if m["role"] == "assistant"]
     assert any(STOP_TEXT.format(tool="read_files") in text for text in echoed)
     after_stop = next(
         m["content"]
@@ -286,4 +288,4 @@ async def test_cline_yolo_answers_the_stop_and_runs_on(
         if m["role"] == "user" and i > 0 and STOP in str(b["messages"][i - 1].get("content"))
     )
     assert after_stop.startswith(CLINE_YOLO_REPLY)
-    assert len(results(model.bodies[-1])) > 7  # calls after the stop ran
+    assert max(len(results(b)) for b in model.bodies) > 7  # calls after the stop ran
