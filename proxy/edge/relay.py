@@ -48,6 +48,8 @@ import structlog
 from aiohttp import web
 
 from proxy.actions import Action, Stop
+from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
+from proxy.errors import DialectError
 from proxy.guards import Context, Guard
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
@@ -69,6 +71,7 @@ from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import FramedGuard, StreamGuard
+from proxy.transcript import Transcript
 
 log = structlog.get_logger("loopguard")
 
@@ -266,7 +269,8 @@ def _plan(
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
     checkpoint = decision.checkpoint if decision is not None else None
-    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint)
+    lazy = _reader(wire, decision.body) if decision is not None and decision.plain else None
+    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint, lazy)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
     if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)
@@ -295,6 +299,30 @@ def _plan(
         shadow=shadow,
         repair=fix,
     )
+
+
+#: The request dialect of each answer wire, for the stop judge of a request with nothing to guard.
+_DIALECTS: dict[str, Any] = {
+    "chat": openai_chat,
+    "responses": openai_responses,
+    "messages": anthropic_messages,
+}
+
+
+def _reader(wire: str, body: bytes) -> Callable[[], Transcript | None]:
+    """What reads the transcript of a request with nothing to guard (not decoded on the way in),
+    when its answer has calls: None for a body the dialect cannot read."""
+
+    def read() -> Transcript | None:
+        try:
+            decoded = jsonbody.decode(body)
+            if not isinstance(decoded, dict):
+                return None
+            return _DIALECTS[wire].parse_request(decoded)
+        except (jsonbody.Unreadable, DialectError):
+            return None
+
+    return read
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -388,9 +416,12 @@ async def relay_json(
     response: web.StreamResponse,
     side: ResponseSide,
     stats: Stats,
-) -> None:
-    """Buffer a JSON body, decide, write it (prepares ``response``). An upstream read error
-    propagates after the bytes received so far are written unchanged."""
+) -> web.StreamResponse:
+    """Buffer a JSON body, decide, write it: returns the response written, a
+    :class:`aiohttp.web.Response` with ``response``'s status and headers sent with the body in one
+    write (a JSON answer is held whole: headers alone, then the body, cost the agent a second
+    segment and the proxy a second system call). An upstream read error propagates after the
+    bytes received so far are written unchanged through ``response``."""
     body = bytearray()
     try:
         async for chunk in upstream.content.iter_any():
@@ -417,11 +448,12 @@ async def relay_json(
     except Exception as exc:
         failed(stats, "json", exc)
         new = None
-    if new is not None:
-        response.headers.popall("Content-Length", None)
-        response.content_length = len(new)
-    await response.prepare(request)
-    await response.write(raw if new is None else new)
+    out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
+    out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
+    out.body = raw if new is None else new
+    await out.prepare(request)
+    await out.write_eof()
+    return out
 
 
 async def relay_observed(

@@ -78,6 +78,7 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
 from proxy.ops.observe import SERVER_LOG, Stats, action_summary
+from proxy.request import plain
 from proxy.request.memory import Memory
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
@@ -355,7 +356,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             dialect=dialect,
             previous=previous,
             prefixes=app[PREFIX_KEY],  # type: ignore[arg-type]
-            observed=rt.cfg.observed_rules(),
+            observed=rt.observed,
         )
 
     try:  # with a shared backend, what the decision asks for is fetched first (proxy.edge.shared_state)
@@ -473,6 +474,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     dialect = _dialect(request) if rt.guards else None
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
+    elif dialect is not None and dialect in rt.plain and plain.nothing_to_guard(raw):
+        # no tool call, result or offered tool anywhere in the bytes: the guards would find
+        # nothing; the answer's side still runs what applies to any answer (relay.plan)
+        decision = RequestDecision(raw, (), False, plain=True)
+        st.guarded_requests += 1
+        st.nothing_to_guard += 1
     elif dialect is not None:
         decision = await _decide(request, raw, dialect)
         if decision.unguarded is None:
@@ -656,7 +663,13 @@ async def _forward(
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
         try:
-            if side is None:
+            whole = await _whole_answer(request, upstream) if side is None else None
+            if whole is not None:  # the answer came whole: headers and body in one write
+                headers_out = response.headers
+                response = web.Response(status=upstream.status, reason=upstream.reason, headers=headers_out)
+                response.body = whole
+                await response.prepare(request)
+            elif side is None:
                 await response.prepare(request)
                 sse = upstream.content_type == "text/event-stream"
                 tail = b""
@@ -666,7 +679,7 @@ async def _forward(
                         request[DELIVERED] = True  # the agent has the whole answer
                     tail = chunk[-16:]
             elif side.kind == "json":
-                await relay.relay_json(request, upstream, response, side, st)
+                response = await relay.relay_json(request, upstream, response, side, st)
             elif side.kind == "observe":
                 await response.prepare(request)
                 await relay.relay_observed(upstream, response, side, st)
@@ -732,6 +745,23 @@ async def _forward(
             conversation = decision.conversation if decision is not None else ""
             chain = decision.chain if decision is not None else None
             relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields, chain)
+
+
+async def _whole_answer(request: web.Request, upstream: aiohttp.ClientResponse) -> bytes | None:
+    """The upstream's whole body when all of it has already arrived (a ``Content-Length`` answer
+    that is not an event stream, to a request that is not ``HEAD``), else None: then nothing was
+    read and the caller relays the body chunk by chunk. Nothing waits for bytes to come."""
+    length = upstream.content_length
+    if (
+        not length
+        or request.method == "HEAD"
+        or upstream.content_type == "text/event-stream"
+        or upstream.status in (204, 304)
+    ):
+        return None
+    if not upstream.content.is_eof():  # not all here yet
+        return None
+    return await upstream.content.read()  # what has arrived, at once (the parser ended it)
 
 
 #: Upstream response headers that describe an event stream, not the JSON answer made of it.
@@ -955,15 +985,18 @@ async def start(cfg: Config, loader: Callable[[], Config] | None = None) -> tupl
 
 
 async def serve_forever(
-    cfg: Config, loader: Callable[[], Config] | None = None, source: str | None = None
+    cfg: Config,
+    loader: Callable[[], Config] | None = None,
+    source: str | None = None,
+    loop_name: str = "asyncio",
 ) -> None:
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
     end the rest (a stream gets the error event), write their log lines, return (exit 0).
     SIGHUP re-reads the config through ``loader`` (:func:`proxy.edge.runtime.reload`; a rejected
     file is logged). ``source``: the config file's path, for the startup line (None: built-in
-    defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
-    exit 2)."""
+    defaults); ``loop_name``: the event loop it runs on, for the same line. Raises OSError when
+    the address cannot be bound (the CLI says so in one line, exit 2)."""
     runner, port = await start(cfg, loader)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -983,6 +1016,7 @@ async def serve_forever(
         guards=cfg.modes(),
         capture=cfg.capture.path or None,
         state=forward.redact_url(cfg.state.backend),
+        event_loop=loop_name,
     )
     try:
         await stop.wait()

@@ -49,6 +49,9 @@ class RequestDecision:
     #: the guards' checkpoint of ``transcript`` (:class:`proxy.guards.resume.Checkpoint`; None: no
     #: step, or a chained Responses request), for the response side to resume from
     checkpoint: Checkpoint | None = None
+    #: the body has nothing to guard (:func:`proxy.request.plain.nothing_to_guard`): not decoded,
+    #: no guard run; the response side builds its stop judge from ``body`` only if an answer has calls
+    plain: bool = False
 
 
 #: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.

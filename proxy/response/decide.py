@@ -36,10 +36,11 @@ history (for the first-stop-per-conversation incident record).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
@@ -389,6 +390,7 @@ def decide_json(
 _TAIL = 4096
 
 
+@functools.lru_cache(maxsize=64)
 def _template_pattern(template: str) -> re.Pattern[str]:
     parts: list[str] = []
     for literal, name, _, _ in string.Formatter().parse(template):
@@ -470,6 +472,31 @@ class Deciders:
         return self.shadow_judge is not None or cuts_enabled(self.shadow_cfg)
 
 
+class LazyJudge:
+    """The stop judge of a request with nothing to guard (:mod:`proxy.request.plain`: no tool
+    call in its history, so not decoded), built from the body by ``make`` on the first answer
+    with calls. Until then it answers as :class:`StopJudge` does over a history without calls:
+    ``on_text_only`` is False (:meth:`proxy.guards.monologue.Monologue.stop_possible` needs a
+    call) and a text-only answer gets no stop. ``make`` returns None for a body the dialect
+    cannot read (no judge, as for any unreadable request)."""
+
+    __slots__ = ("_judge", "_make")
+
+    on_text_only = False
+
+    def __init__(self, make: Callable[[], StopJudge | None]) -> None:
+        self._make: Callable[[], StopJudge | None] | None = make
+        self._judge: StopJudge | None = None
+
+    def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
+        if not calls:
+            return None
+        if self._make is not None:
+            make, self._make = self._make, None
+            self._judge = make()
+        return self._judge(calls, text) if self._judge is not None else None
+
+
 def deciders(
     transcript: Transcript | None,
     request_actions: Sequence[Action],
@@ -477,6 +504,7 @@ def deciders(
     ctx: Context,
     cfg: Config,
     checkpoint: Checkpoint | None = None,
+    lazy: Callable[[], Transcript | None] | None = None,
 ) -> Deciders:
     """Split the response side by ``cfg.observed_rules()``: the cuts go to the enforced part
     unless ``response.mode`` is observe; an enforced stop judge reads only the applied request
@@ -484,19 +512,49 @@ def deciders(
     observed one (``stop.mode: observe``, or any guard observed: the stop enforcing it would
     make) reads all of them and asks every guard. ``transcript`` None: no judge at all.
     ``checkpoint``: the request's (:attr:`proxy.request.rewrite.RequestDecision.checkpoint`), for
-    the judges' guards to resume from."""
+    the judges' guards to resume from. ``lazy``: instead of ``transcript``, for a request with
+    nothing to guard: what reads its transcript (None: unreadable), called only when an answer
+    has calls (:class:`LazyJudge`)."""
     observed = cfg.observed_rules()
-    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
-    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
+    enforce_cfg, shadow_cfg = _split(cfg, "runaway" in observed)
     judge = shadow = None
-    if transcript is not None and StopJudge.enabled(cfg):
+
+    def judge_of(actions: Sequence[Action], asked: Sequence[Guard]) -> Any:
+        if transcript is not None:
+            return StopJudge(transcript, actions, asked, ctx, cfg, checkpoint)
+        assert lazy is not None
+
+        def make() -> StopJudge | None:
+            read = lazy()
+            return StopJudge(read, actions, asked, ctx, cfg, checkpoint) if read is not None else None
+
+        return LazyJudge(make)
+
+    if (transcript is not None or lazy is not None) and StopJudge.enabled(cfg):
         if "stop" not in observed:
             enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
             kept = tuple(a for a in request_actions if not a.observed)
-            judge = StopJudge(transcript, kept, enforced, ctx, cfg, checkpoint)
+            judge = judge_of(kept, enforced)
         if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
-            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg, checkpoint)
+            shadow = judge_of(request_actions, guards)
     return Deciders(enforce_cfg, judge, shadow_cfg, shadow)
+
+
+#: (config, runaway observed) → (enforced config, shadow config): the two views of a config are
+#: built once per config (a frozen dataclass), not per answer; a few entries (reloads).
+_SPLITS: dict[tuple[int, bool], tuple[Config, Config, Config]] = {}
+
+
+def _split(cfg: Config, runaway_observed: bool) -> tuple[Config, Config]:
+    hit = _SPLITS.get((id(cfg), runaway_observed))
+    if hit is not None and hit[0] is cfg:
+        return hit[1], hit[2]
+    off = without_cuts(cfg)
+    views = (off, cfg) if runaway_observed else (cfg, off)
+    if len(_SPLITS) >= 16:
+        _SPLITS.clear()
+    _SPLITS[(id(cfg), runaway_observed)] = (cfg, *views)
+    return views
 
 
 def observed_actions(applied: Sequence[Action], shadow: Sequence[Action]) -> list[Action]:
