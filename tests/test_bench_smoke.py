@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache"}
+RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache", "loopguard-uvloop"}
 ALL_ARMS = RUN_ARMS | {"litellm"}
-CELLS = {f"{w}/c{c}" for w in ("small", "agent", "stream") for c in (1, 16)}
+CELLS = {f"{w}/c{c}" for w in ("small", "agent", "chat", "stream") for c in (1, 16)}
 FIGURES = {
     "n",
     "errors",

@@ -48,8 +48,6 @@ import structlog
 from aiohttp import web
 
 from proxy.actions import Action, Stop
-from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
-from proxy.errors import DialectError
 from proxy.guards import Context, Guard
 from proxy.ops.config import Config
 from proxy.ops.incidents import IncidentLog
@@ -71,7 +69,6 @@ from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
 from proxy.response.stream_guard import FramedGuard, StreamGuard
-from proxy.transcript import Transcript
 
 log = structlog.get_logger("loopguard")
 
@@ -269,7 +266,9 @@ def _plan(
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
     checkpoint = decision.checkpoint if decision is not None else None
-    lazy = _reader(wire, decision.body) if decision is not None and decision.plain else None
+    lazy = None
+    if decision is not None and decision.plain:  # no call in its history: a judge only when needed
+        transcript, lazy = None, lambda: decision.transcript
     d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint, lazy)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
@@ -299,30 +298,6 @@ def _plan(
         shadow=shadow,
         repair=fix,
     )
-
-
-#: The request dialect of each answer wire, for the stop judge of a request with nothing to guard.
-_DIALECTS: dict[str, Any] = {
-    "chat": openai_chat,
-    "responses": openai_responses,
-    "messages": anthropic_messages,
-}
-
-
-def _reader(wire: str, body: bytes) -> Callable[[], Transcript | None]:
-    """What reads the transcript of a request with nothing to guard (not decoded on the way in),
-    when its answer has calls: None for a body the dialect cannot read."""
-
-    def read() -> Transcript | None:
-        try:
-            decoded = jsonbody.decode(body)
-            if not isinstance(decoded, dict):
-                return None
-            return _DIALECTS[wire].parse_request(decoded)
-        except (jsonbody.Unreadable, DialectError):
-            return None
-
-    return read
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):

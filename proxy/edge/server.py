@@ -82,7 +82,7 @@ from proxy.request import plain
 from proxy.request.memory import Memory
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
-from proxy.request.rewrite import RequestDecision, decide_request
+from proxy.request.rewrite import RequestDecision, decide_plain, decide_request
 from proxy.request.shared import newer
 from proxy.response import as_stream
 
@@ -477,9 +477,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     elif dialect is not None and dialect in rt.plain and plain.nothing_to_guard(raw):
         # no tool call, result or offered tool anywhere in the bytes: the guards would find
         # nothing; the answer's side still runs what applies to any answer (relay.plan)
-        decision = RequestDecision(raw, (), False, plain=True)
-        st.guarded_requests += 1
-        st.nothing_to_guard += 1
+        decision = decide_plain(raw, request.headers, rt.cfg.conversation_key.headers, dialect)
+        if decision.unguarded is None:
+            st.guarded_requests += 1
+            st.nothing_to_guard += 1
     elif dialect is not None:
         decision = await _decide(request, raw, dialect)
         if decision.unguarded is None:

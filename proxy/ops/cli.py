@@ -80,6 +80,7 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("LOOPGUARD_UPSTREAM", "the upstream base URL (as --upstream; upstream.url)"),
     ("LOOPGUARD_HOST", "the listen address (as --host; listen.host)"),
     ("LOOPGUARD_PORT", "the listen port (as --port; listen.port)"),
+    ("LOOPGUARD_EVENT_LOOP", "auto (uvloop when installed), asyncio or uvloop"),
 )
 
 
