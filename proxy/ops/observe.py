@@ -219,6 +219,7 @@ class Stats:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "requests": self.requests,
             "guarded_requests": self.guarded_requests,
+            "nothing_to_guard": self.nothing_to_guard,
             "rewritten_requests": self.rewritten_requests,
             "reminders_injected": self.reminders_injected,
             "results_withheld": self.results_withheld,

@@ -400,9 +400,28 @@ def _template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(parts) + r"\Z", re.DOTALL)
 
 
+#: Characters JSON writes as they are (no encoder escapes them, short of a ``\\u`` escape).
+_VERBATIM = re.compile(r"[^\x20-\x7e]|[\"\\/]")
+
+
+@functools.lru_cache(maxsize=64)
+def _needle(template: str) -> bytes:
+    """The longest run of the template's literal text that a JSON encoder writes verbatim (b"":
+    none): a message ending with the filled template holds it, so a body without it has none."""
+    runs = [
+        run for literal, _, _, _ in string.Formatter().parse(template) for run in _VERBATIM.split(literal)
+    ]
+    return max(runs, key=len, default="").encode()
+
+
 def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
-    text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions."""
+    text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions.
+    A body that holds no part of any stop text (and no JSON escape that could spell one) has
+    none, and is not decoded."""
+    needles = {_needle(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
+    if b"\\u" not in request_body and all(n and n not in request_body for n in needles):
+        return []
     try:
         body = jsonbody.decode(request_body)
     except jsonbody.Unreadable:
