@@ -6,7 +6,8 @@ registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_nothing_to_guard_total`` (guarded requests with no tool call, result or offered tool:
-no guard ran, :mod:`proxy.request.plain`), ``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind,mode}`` (fresh
+no guard ran, :mod:`proxy.request.plain`), ``loopguard_rewritten_requests_total``,
+``loopguard_actions_total{rule,kind,mode}`` (fresh
 actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, issue 16),
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
