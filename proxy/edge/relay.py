@@ -275,12 +275,16 @@ def _plan(
     if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)
         fix = repair.for_request(enforce_cfg, transcript, decision.body)
         shadow_fix = repair.for_request(d.shadow_cfg, transcript, decision.body)
+    # what can apply to this answer: the repair of calls written as text only with a repairer
+    # (a chat request that offered tools), so an answer nothing else reads passes through
+    enforcing = judge is not None or _cuts(enforce_cfg) or fix is not None
+    observing = d.shadow_judge is not None or _cuts(d.shadow_cfg) or shadow_fix is not None
     shadow = (
         Shadow(wire, kind == "sse", d.shadow_cfg, d.shadow_judge, shadow_fix)
-        if encoding is None and d.observing
+        if encoding is None and observing
         else None
     )
-    if not d.enforcing or encoding is not None:
+    if not enforcing or encoding is not None:
         if on_answer is None or wire != "responses":
             if shadow is None:
                 return None
@@ -298,6 +302,12 @@ def _plan(
         shadow=shadow,
         repair=fix,
     )
+
+
+def _cuts(cfg: Config) -> bool:
+    """The runaway or degenerate-text checks are on (they read any answer)."""
+    r = cfg.response
+    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
