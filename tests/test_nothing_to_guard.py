@@ -4,6 +4,7 @@ has one, in every dialect and the text-call forms, is guarded as before."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -17,6 +18,8 @@ from proxy.request.rewrite import RequestDecision, decide_plain, decide_request
 from proxy.response.decide import LazyJudge, StopJudge, deciders
 from tests import realtraj, realtraj_native
 from tests.corpus import load_fixtures
+from tests.fakes import FakeUpstream
+from tests.sdk_agent import snapshot, turn
 from tests.test_prefix_cache import (
     CFG,
     GUARDS,
@@ -27,6 +30,7 @@ from tests.test_prefix_cache import (
     responses_requests,
     text_requests,
 )
+from tests.test_response_e2e import text_handler
 
 SYSTEM = {"role": "system", "content": "You are helpful."}
 USER = {"role": "user", "content": "Write a haiku about autumn."}
@@ -198,3 +202,22 @@ def test_plain_request_gets_a_judge_only_when_an_answer_has_calls() -> None:
     assert d.judge([], "Leaves fall.") is None and reads == []
     full = StopJudge(decision.transcript, (), GUARDS, Context(conversation=""), CFG)  # type: ignore[arg-type]
     assert full.on_text_only is False and full([], "Leaves fall.") is None
+
+
+async def test_plain_chat_through_the_server_skips_the_guards_and_its_stream_is_still_cut(
+    upstream: FakeUpstream, sdk
+) -> None:
+    """A plain chat (no tools, no calls) goes the nothing-to-guard way, counted, and its answer
+    still gets the checks that apply to any answer: a degenerate stream is cut."""
+    progress: dict[str, Any] = {"written": 0, "closed": asyncio.Event()}
+    sentence = "I need to check the configuration file again. "
+    upstream.handler = text_handler(["Let me think. "] + [sentence] * 5000, progress)
+    client = await sdk()
+    msg, finish = await turn(client, [{"role": "user", "content": "why?"}], stream=True)
+    assert len(msg["content"]) < len(sentence) * 40
+    assert finish == "length"
+    await asyncio.wait_for(progress["closed"].wait(), 2)
+    snap = await snapshot(client.base)
+    assert (snap["guarded_requests"], snap["nothing_to_guard"], snap["rewritten_requests"]) == (1, 1, 0)
+    assert (snap["responses_cut"], snap["per_rule"]) == (1, {"degenerate_text": 1})
+    assert orjson.loads(upstream.requests[0].body)["messages"] == [{"role": "user", "content": "why?"}]

@@ -269,6 +269,8 @@ def _plan(
     lazy = None
     if decision is not None and decision.plain:  # no call in its history: a judge only when needed
         transcript, lazy = None, lambda: decision.transcript
+    elif transcript is None and not _cuts(cfg) and (on_answer is None or wire != "responses"):
+        return None  # no judge (nothing read), no cut on, no store to feed: nothing reads the answer
     d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint, lazy)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
