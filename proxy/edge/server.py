@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -157,21 +158,29 @@ LINGER_S = 1.0
 
 #: What a request on a kept-alive connection the upstream has just closed fails with, before any
 #: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
-#: Only a reused connection is retried (:func:`_note_reuse`); on a fresh one the upstream got the
+#: Only a reused connection is retried (:class:`_Connector`); on a fresh one the upstream got the
 #: request, so the failure is a 502.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-async def _note_reuse(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
-    """aiohttp trace hook: the request is going out on a pooled (kept-alive) connection."""
-    if isinstance(ctx.trace_request_ctx, dict):
-        ctx.trace_request_ctx["reused"] = True
+#: The attempt of the request being sent in this task (``{"reused": bool}``), for the connector.
+_ATTEMPT: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("attempt", default=None)
 
 
-def _trace_config() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_note_reuse)
-    return trace
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, telling the request being sent (:data:`_ATTEMPT`) whether the pool
+    handed it a kept-alive connection: a protocol it handed out before. Instead of a trace
+    config, whose hooks aiohttp calls on every request for every event."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        attempt = _ATTEMPT.get()
+        if protocol is not None:
+            if attempt is not None:
+                attempt["reused"] = getattr(protocol, "_lg_handed_out", False)
+            protocol._lg_handed_out = True  # a ResponseHandler has a __dict__
+        return conn
 
 
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
@@ -597,7 +606,8 @@ async def _forward(
     attempt: dict[str, bool] = {}
 
     async def send() -> aiohttp.ClientResponse:
-        attempt["reused"] = False  # set by _note_reuse when the pool hands out a kept-alive connection
+        attempt["reused"] = False  # set by _Connector when the pool hands out a kept-alive connection
+        _ATTEMPT.set(attempt)
         return await app[SESSION_KEY].request(
             request.method,
             url,
@@ -605,7 +615,6 @@ async def _forward(
             data=(streamed if streamed is not None else body) if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
-            trace_request_ctx=attempt,
         )
 
     try:
@@ -910,13 +919,12 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     app[SESSION_KEY] = aiohttp.ClientSession(
         # one upstream connection per agent connection: a request never waits for a pooled one
         # (aiohttp's default pool of 100 made the 101st concurrent request wait with no timeout)
-        connector=aiohttp.TCPConnector(limit=app[CONFIG_KEY].listen.max_connections, limit_per_host=0),
+        connector=_Connector(limit=app[CONFIG_KEY].listen.max_connections, limit_per_host=0),
         timeout=timeout,
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
-        trace_configs=[_trace_config()],
     )
     yield
     await app[SESSION_KEY].close()
