@@ -17,8 +17,9 @@ Rules:
     writes: no output redirection other than to ``/dev/null`` or another descriptor, no ``tee``,
     no ``find -delete``/``-exec``, no heredoc.
   Anything else may change state (unknown tools and programs included: precision first).
-- A call **changes the situation** when it may change state, its result is not a failure and not a
-  user's rejection (a rejected edit changed nothing), and it is *novel*: no earlier call with the
+- A call **changes the situation** when it may change state, its result is not a failure, not a
+  user's rejection (a rejected edit changed nothing) and not a cancellation
+  (:func:`proxy.failures.cancelled`: it never ran), and it is *novel*: no earlier call with the
   same tool and canonical arguments got the same result (masked, :mod:`proxy.progress`). A second
   identical write with the same result leaves the state as the first one did.
 - :func:`epochs` numbers the situations: ``before[i]`` is how many calls changed the situation
@@ -39,7 +40,7 @@ from typing import Any
 from proxy import agents
 from proxy.canonical import canonical_arguments
 from proxy.episodes import ContinuationRule, EpisodeCounter, episodes
-from proxy.failures import FailureRule, RejectionRule
+from proxy.failures import FailureRule, RejectionRule, cancelled
 from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
 from proxy.targets import COMMAND_ARGS, own_command, subcommand
@@ -417,9 +418,9 @@ def epochs(
                 novel = results is None or not any(same_result(r, call.result, masks) for r in results)
                 seen.setdefault(key, []).append(call.result)
                 del seen[key][:-4]  # the last few results of a key are enough
-            # classified only when it matters: a failed or rejected call changed nothing
+            # classified only when it matters: a failed, rejected or cancelled call changed nothing
             if novel and failures(call.result) is not True and not (rejections and rejections(call.result)):
-                n += 1
+                n += 0 if cancelled(call.result) else 1
         after.append(n)
     out = Epochs(tuple(before), tuple(after))
     _recent.insert(0, (calls, config, out))
@@ -456,9 +457,9 @@ class EpochCounter:
             else:
                 novel = results is None or not any(same_result(r, call.result, rule.masks) for r in results)
                 self.seen[key] = (*(results or ())[-3:], call.result)  # the last few results are enough
-            # classified only when it matters: a failed or rejected call changed nothing
+            # classified only when it matters: a failed, rejected or cancelled call changed nothing
             if novel and rule.failures(call.result) is not True and not rule.rejections(call.result):
-                self.n += 1
+                self.n += 0 if cancelled(call.result) else 1
         self.after.append(self.n)
 
     def unchanged(self, earlier: int, later: int) -> bool:

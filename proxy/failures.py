@@ -2,6 +2,10 @@
 
 The rule, in order:
 
+0. **A cancelled call** (:func:`cancelled`: its result says it never ran because another call of
+   its step failed) is neither a failure nor a success: ``None``, as for a call without a result.
+   Claude Code answers the other calls of a parallel step that way when one of them errors; ten
+   parallel edits of which one failed are one failure, not ten.
 1. **The protocol's error flag** decides when the dialect has one (``ToolResult.is_error`` is not
    None): True is a failure, False is a success, whatever the text says.
 2. **An explicit exit status at the edge of the result** decides when there is one: a line of
@@ -76,6 +80,28 @@ EXIT_STATUS_PATTERNS: tuple[str, ...] = (
     r"^[\[(]?(?:[\w-]+ ){0,4}?(?i:exit(?:ed)? (?:with )?(?:exit )?(?:code|status)|return ?code)[:=]? *"
     r"(-?\d+)[.)\]]*[ \t\r]*$",
 )
+#: Whole results (trimmed) that say the call was cancelled, never run, because another call of its
+#: step failed: Claude Code 2.x's answer to every other call of a parallel step when one errors
+#: (with ``is_error: true``; seen in recorded Claude Code sessions). Exact texts: a result that
+#: merely mentions them is the tool's own output.
+CANCELLED_TEXTS: frozenset[str] = frozenset(
+    (
+        "<tool_use_error>Sibling tool call errored</tool_use_error>",
+        "Sibling tool call errored",
+    )
+)
+_CANCELLED_MAX = max(map(len, CANCELLED_TEXTS)) + _TRAILING
+
+
+def cancelled(result: ToolResult | None) -> bool:
+    """True when ``result`` is a cancellation (:data:`CANCELLED_TEXTS`, the whole text trimmed):
+    the call never ran, so it is neither a failure nor a success and changed nothing. False for
+    no result or a pending one."""
+    if result is None or result.pending or len(result.text) > _CANCELLED_MAX:
+        return False
+    return result.text.strip() in CANCELLED_TEXTS
+
+
 #: What :meth:`FailureRule.reason` returns for a non-zero exit status (rule step 2).
 EXIT_STATUS = "exit_status"
 
@@ -192,9 +218,9 @@ def json_error(text: str) -> bool:
 
 class FailureRule:
     """Classifies tool results: ``FailureRule()(result)`` is True (failure), False (success) or
-    None (no result yet), by the module's rule steps 1 to 5. ``patterns`` replace
-    :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 and 5 are not patterns and always
-    apply."""
+    None (no result yet, or a cancelled call), by the module's rule steps 0 to 5. ``patterns``
+    replace :data:`DEFAULT_FAILURE_PATTERNS` (step 4); steps 1 to 3 and 5 are not patterns and
+    always apply."""
 
     __slots__ = ("_any", "_compiled", "_memo", "patterns")
 
@@ -260,7 +286,7 @@ class FailureRule:
         return None
 
     def __call__(self, result: ToolResult | None) -> bool | None:
-        if result is None:
+        if result is None or cancelled(result):
             return None
         if result.is_error is not None:
             return result.is_error

@@ -49,6 +49,11 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     # "Process running with session ID 50343"
     r"(?<=Chunk ID: )[0-9a-f]+\b",
     r"(?<=Process running with session ID )\d+\b",
+    # where Claude Code saved a large result (over ~30 KB it sends "<persisted-output>", "Output
+    # too large (61.3KB). Full output saved to: …/tool-results/<random>.txt" and a 2 KB preview):
+    # the file name is new on every call, so two such results are compared by what they show
+    # (the size and the preview), or an exact loop with big outputs is never the same result
+    r"Full output saved to: [^\n]+",
 )
 
 

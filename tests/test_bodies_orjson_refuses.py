@@ -11,6 +11,7 @@ splices bytes, and what truly cannot be read is counted (``unguarded_requests{re
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import aiohttp
@@ -84,6 +85,16 @@ READABLE = [
         id="nesting_past_1024_outside_messages",
     ),
     pytest.param(
+        json.dumps(looping(temperature=float("nan"))).encode(),
+        b'"temperature": NaN',
+        id="nan_python_writes",
+    ),
+    pytest.param(
+        json.dumps(looping(x_scores=[float("inf"), float("-inf")])).encode(),
+        b'"x_scores": [Infinity, -Infinity]',
+        id="infinity_python_writes",
+    ),
+    pytest.param(
         json.dumps(looping(top_p=1.0, max_tokens=100)).encode().replace(b"1.0", b"1.0E0"),
         b'"top_p": 1.0E0, "max_tokens": 100',
         id="number_text",
@@ -127,7 +138,7 @@ def test_big_integers_inside_arguments_objects_stay_exact() -> None:
     ("raw", "reason"),
     [
         pytest.param(b'{"model": "m", "messages": [', "not_json", id="truncated"),
-        pytest.param(b'{"model": "m", "temperature": NaN, "messages": []}', "not_json", id="nan_literal"),
+        pytest.param(b'{"model": "m", "temperature": Nan, "messages": []}', "not_json", id="not_a_constant"),
         pytest.param(b"\xff\xfe{}", "not_json", id="not_utf8"),
         pytest.param(
             b'{"model": "m", "messages": [{"role": "user", "content": ' + deep(DEEP).encode() + b"}]}",
@@ -150,8 +161,10 @@ def test_decode_reads_what_orjson_refuses() -> None:
     assert jsonbody.decode(b'"\\udcff"') == "\udcff"
     assert jsonbody.decode(b"[1e400, -1e400]") == [float("inf"), float("-inf")]
     assert jsonbody.decode(b'{"a": ' + deep(DEEP).encode() + b', "b": 1}') == {"a": jsonbody.TOO_DEEP, "b": 1}
+    nan, inf, minus = jsonbody.decode(b"[NaN, Infinity, -Infinity]")  # as json.loads reads them
+    assert math.isnan(nan) and (inf, minus) == (float("inf"), float("-inf"))
     with pytest.raises(jsonbody.Unreadable, match="not_json"):
-        jsonbody.decode(b'{"a": Infinity}')
+        jsonbody.decode(b'{"a": infinity}')
 
 
 # --- through the real server ----------------------------------------------------------------------------
@@ -178,6 +191,31 @@ def lenient_model() -> Any:
         return web.json_response(completion(calls), dumps=lambda o: orjson.dumps(o).decode())
 
     return handler
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_server_guards_a_body_with_nan_as_python_writes_it(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, stream: bool
+) -> None:
+    """``json.dumps`` writes ``NaN``/``Infinity`` by default: such a looping conversation is
+    guarded (its results withheld), and the upstream gets the agent's bytes apart from the edits."""
+    upstream.handler = lenient_model()
+    base = await make_proxy()
+    raw = json.dumps(looping(stream=stream, temperature=float("nan"), x_scores=[float("-inf")])).encode()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base}/v1/chat/completions", data=raw) as r:
+            assert r.status == 200
+            await r.read()
+        async with s.get(f"{base}/loop-guard") as r:
+            stats = await r.json()
+    sent = upstream.requests[0].body
+    assert sent == decide(raw).body != raw  # the spliced bytes
+    assert sent.startswith(
+        b'{"model": "m", "stream": %s, "temperature": NaN, "x_scores": [-Infinity], '
+        % (b"true" if stream else b"false")
+    )
+    assert stats["unguarded"] == {}
+    assert stats["results_withheld"] == 1
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from proxy.edge.server import INCIDENTS_KEY
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
-from proxy.request.conversation import conversation_key
+from proxy.request.conversation import conversation_key, key_digest
 from tests.fakes import FakeUpstream
 from tests.proxy_server import serve
 
@@ -109,7 +109,13 @@ async def test_sdk_loop_20_calls(upstream: FakeUpstream, make_proxy, tmp_path: P
         await asyncio.sleep(0.01)
     (line,) = lines(path)
     assert TIME.match(line.pop("time"))
-    assert line == {"kind": "duplicate", "tool": "read_file", "count": 7, "limit": 6, "agent": "agent-7"}
+    assert line == {
+        "kind": "duplicate",
+        "tool": "read_file",
+        "count": 7,
+        "limit": 6,
+        "agent": key_digest("agent-7"),
+    }
     st = await stats(base)
     assert (st["results_withheld"], st["withhold_kinds"], st["reminders_injected"]) == (
         14,
@@ -210,7 +216,7 @@ async def test_unwritable_incident_log_does_not_affect_forwarding(
             st = await stats(base)
         assert app[INCIDENTS_KEY].write_errors == 2
     assert st["internal_errors"] == 0
-    assert [i["agent"] for i in st["incidents"]] == ["a", "b"]
+    assert [i["agent"] for i in st["incidents"]] == [key_digest("a"), key_digest("b")]
     assert [e for e in logs if e["event"] == "incident_log_error"] == [
         {
             "event": "incident_log_error",

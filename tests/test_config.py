@@ -101,8 +101,50 @@ def test_load_config_none_gives_defaults() -> None:
     assert load_config(None) == Config()
 
 
-def test_load_config_empty_file_gives_defaults(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, "")) == Config()
+def test_load_config_empty_mapping_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "{}\n")) == Config()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("# only a comment\n\n", id="comments_only"),
+        pytest.param("~\n", id="null_document"),
+    ],
+)
+def test_a_file_without_settings_is_a_config_error(tmp_path: Path, text: str) -> None:
+    # an emptied file must not mean "all defaults": that would silently drop admin_token
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert str(exc.value) == f"<file>: {path} holds no settings (empty); write {{}} for all defaults"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        pytest.param(
+            "admin_token: a\nmode: enforce\nadmin_token: b\n",
+            "admin_token: appears twice (lines 1 and 3); keep one",
+            id="top_level",
+        ),
+        pytest.param(
+            "guards:\n  circuit_breaker:\n    window: 5\n    window: 6\n",
+            "guards.circuit_breaker.window: appears twice (lines 3 and 4); keep one",
+            id="nested",
+        ),
+        pytest.param(
+            "progress:\n  masks:\n    - {name: a, name: b}\n",
+            "progress.masks[0].name: appears twice (lines 3 and 3); keep one",
+            id="in_a_list",
+        ),
+    ],
+)
+def test_a_duplicate_key_is_a_config_error_naming_its_path(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, text))
+    assert str(exc.value) == error
 
 
 # --- repeat_reminder validation ---------------------------------------------------------------------

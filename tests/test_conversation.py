@@ -9,7 +9,7 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.ops.config import Config
-from proxy.request.conversation import conversation_key
+from proxy.request.conversation import conversation_key, key_digest
 
 NAMES = Config().conversation_key.headers  # x-session-id, session_id, conversation_id
 
@@ -70,7 +70,7 @@ def fp(b: Any) -> str:
     ],
 )
 def test_conversation_key_precedence(headers: dict[str, str], extra: dict[str, Any], expected: str) -> None:
-    assert conversation_key(CIMultiDict(headers), body(**extra), NAMES) == expected
+    assert conversation_key(CIMultiDict(headers), body(**extra), NAMES) == key_digest(expected)
 
 
 @pytest.mark.parametrize(
@@ -85,11 +85,13 @@ def test_unusable_prompt_cache_key_falls_back_to_fingerprint(pck: Any) -> None:
 
 def test_custom_header_names_used() -> None:
     headers = CIMultiDict({"X-Agent-Run": "run-7", "x-session-id": "ignored"})
-    assert conversation_key(headers, body(), ("x-agent-run",)) == "run-7"
+    assert conversation_key(headers, body(), ("x-agent-run",)) == key_digest("run-7")
 
 
 def test_no_header_names_configured_goes_to_body() -> None:
-    assert conversation_key(CIMultiDict({"x-session-id": "h"}), body(prompt_cache_key="p"), ()) == "p"
+    assert conversation_key(CIMultiDict({"x-session-id": "h"}), body(prompt_cache_key="p"), ()) == key_digest(
+        "p"
+    )
 
 
 # --- fingerprint -----------------------------------------------------------------------------------------
@@ -164,4 +166,24 @@ def test_unreadable_body_without_header_is_unknown(b: Any) -> None:
 
 
 def test_header_wins_even_for_unreadable_body() -> None:
-    assert conversation_key(CIMultiDict({"Session_Id": "s"}), None, NAMES) == "s"
+    assert conversation_key(CIMultiDict({"Session_Id": "s"}), None, NAMES) == key_digest("s")
+
+
+# --- a key the agent gives is held and logged as its fixed-size digest -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "digest"),
+    [
+        pytest.param("sess-1", "id-abe633f3a47a2758", id="short"),
+        pytest.param("k" * (1 << 20), "id-17b08269fd437b65", id="one_mebibyte"),
+        pytest.param("Ünïcode-☃", "id-8d2698d6951b53de", id="utf8_bytes"),
+        pytest.param("id-abe633f3a47a2758", "id-abe633f3a47a2758", id="a_digest_is_itself"),
+        pytest.param("fp-0123456789abcdef", "fp-0123456789abcdef", id="a_fingerprint_is_itself"),
+        pytest.param("id-0123456789ABCDEF", "id-799f3fc71d2b343b", id="not_a_digest_upper_hex"),
+    ],
+)
+def test_a_given_key_is_its_fixed_size_digest(value: str, digest: str) -> None:
+    for headers, extra in (({"x-session-id": value}, {}), ({}, {"prompt_cache_key": value})):
+        key = conversation_key(CIMultiDict(headers), body(**extra), NAMES)
+        assert (key, len(key)) == (digest, 19)

@@ -13,6 +13,7 @@ from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
+from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests.corpus import default_config
@@ -96,8 +97,8 @@ def test_the_key_from_a_header_or_the_fingerprint_is_the_same_both_ways() -> Non
         raw = _body(_messages(4))
         fast = _decide(raw, cache, headers)
         assert fast.conversation == _decide(raw, None, headers).conversation
-        assert fast.conversation == ("s9" if headers else _decide(raw, None).conversation)
-        assert fast.conversation.startswith("s9" if headers else "fp-")
+        assert fast.conversation == (key_digest("s9") if headers else _decide(raw, None).conversation)
+        assert fast.conversation.startswith("id-" if headers else "fp-")
         assert cache.stats.fast_hits == 1
     # resumed under another header: still the same decision, kept under this request's key
     cache = PrefixCache(1 << 30)
@@ -105,7 +106,7 @@ def test_the_key_from_a_header_or_the_fingerprint_is_the_same_both_ways() -> Non
     raw = _body(_messages(4))
     _same(_decide(raw, cache, {"x-session-id": "b"}), _decide(raw, None, {"x-session-id": "b"}))
     assert cache.stats.fast_hits == 1
-    assert cache.get(openai_chat.PATH_SUFFIX, "b") is not None
+    assert cache.get(openai_chat.PATH_SUFFIX, key_digest("b")) is not None
 
 
 def test_two_conversations_sharing_their_first_4_kb_each_resume_their_own() -> None:

@@ -24,6 +24,7 @@ from proxy.actions import Action, Remind, Withhold, applied
 from proxy.dialects import Dialect, anthropic_messages, edits, jsonbody, openai_chat, openai_responses
 from proxy.guards.resume import cut
 from proxy.request import prefix_cache
+from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import RequestDecision, decide_request
 from proxy.transcript import Step, ToolCall
@@ -204,7 +205,7 @@ def test_a_repeated_request_reuses_every_edit_and_a_grown_one_writes_only_its_ne
         assert on.body == _decide(raw, openai_chat, None).body
         assert on.changed
         assert cache.stats.edit_hits == n - 1
-    entry = cache.get(openai_chat.PATH_SUFFIX, "s1")
+    entry = cache.get(openai_chat.PATH_SUFFIX, key_digest("s1"))
     assert entry is not None and entry.edits is not None
     assert entry.edits.cut == on.transcript.steps[-1].position  # type: ignore[union-attr]
     assert entry.edits.actions == tuple(_before(applied(on.actions), entry.edits.cut))
@@ -299,7 +300,7 @@ def test_a_kept_entry_counts_its_edits_and_drops_them_past_the_budget() -> None:
     raw = orjson.dumps({"model": "m", "messages": messages})
     cache = PrefixCache(1 << 30)
     _decide(raw, openai_chat, cache)
-    entry = cache.get(openai_chat.PATH_SUFFIX, "s1")
+    entry = cache.get(openai_chat.PATH_SUFFIX, key_digest("s1"))
     assert entry is not None and entry.edits is not None
     assert entry.edits.size == sum(
         edits.EDIT_BYTES + len(e[3]) for e in entry.edits.edits
@@ -311,6 +312,6 @@ def test_a_kept_entry_counts_its_edits_and_drops_them_past_the_budget() -> None:
     assert entry.size == history + head + guards + entry.edits.size
     tight = PrefixCache(entry.size - entry.edits.size)  # room for the history, not its edits
     _decide(raw, openai_chat, tight)
-    kept = tight.get(openai_chat.PATH_SUFFIX, "s1")
+    kept = tight.get(openai_chat.PATH_SUFFIX, key_digest("s1"))
     assert kept is not None and kept.edits is None
     assert tight.stats.bytes == kept.size == entry.size - entry.edits.size

@@ -30,6 +30,7 @@ import proxy.request.rewrite
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
 from proxy.ops.config import Config
 from proxy.ops.observe import configure_logging
+from proxy.request.conversation import key_digest
 from tests.fakes import (
     FakeUpstream,
     agent_history,
@@ -357,7 +358,9 @@ async def test_gzip_response_passes_through_compressed(upstream: FakeUpstream, m
         got = await r.read()
     assert got == packed
     assert gzip.decompress(got) == plain
-    assert lower(upstream.requests[0].headers)["accept-encoding"] == "gzip"
+    # asked for an answer the response side reads; compressed anyway, it passes unread (counted:
+    # tests/test_unguarded_responses.py)
+    assert lower(upstream.requests[0].headers)["accept-encoding"] == "identity"
 
 
 async def test_compressed_request_body_is_forwarded_unchanged(make_proxy, agent) -> None:
@@ -843,7 +846,7 @@ async def test_one_request_log_line_without_secrets(
     assert "TOPSECRETCONTENT" not in out + err
     lines = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
     (event,) = [e for e in lines if e.get("event") == "request"]
-    assert event["conversation"] == "sess-42"
+    assert event["conversation"] == key_digest("sess-42")
     assert event["model"] == "m"
     assert event["stream"] is False
     assert event["status"] == 200
@@ -1201,3 +1204,66 @@ async def test_a_long_authorization_header_is_forwarded(upstream: FakeUpstream, 
     async with agent.post(base + CHAT, data=b"{}", headers={"Authorization": token}) as r:
         assert r.status == 200
     assert lower(upstream.requests[0].headers)["authorization"] == token
+
+
+# --- the request target the upstream gets, and a 413 before the body ---------------------------
+
+
+async def raw_exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
+    """Send ``head`` (and ``body``) on one connection; everything the proxy answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    got = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return got
+
+
+@pytest.mark.parametrize(
+    ("target", "forwarded"),
+    [
+        pytest.param("//health", "//health", id="doubled_slash_kept"),
+        pytest.param("///x//y?a=1", "///x//y?a=1", id="slashes_and_query_kept"),
+        pytest.param("/v1//models", "/v1//models", id="doubled_slash_under_v1"),
+        pytest.param("http://agent.example//health", "//health", id="absolute_form_path_only"),
+        pytest.param("http://agent.example/v1/models?x=1", "/v1/models?x=1", id="absolute_form_under_v1"),
+    ],
+)
+async def test_the_upstream_gets_the_request_target_as_the_agent_sent_it(
+    upstream: FakeUpstream, make_proxy, target: str, forwarded: str
+) -> None:
+    base = await make_proxy()
+    port = int(base.rsplit(":", 1)[1])
+    got = await raw_exchange(port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert [r.path_qs for r in upstream.requests] == [forwarded]
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/embeddings"])
+async def test_an_oversized_body_with_expect_100_continue_gets_the_413_at_once(
+    upstream: FakeUpstream, make_proxy, path: str
+) -> None:
+    base = await make_proxy({"upstream": {"max_body_mb": 1}})
+    port = int(base.rsplit(":", 1)[1])
+    size = 1024 * 1024 + 1
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {size}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    got = await raw_exchange(port, head)  # the body is never sent: the client waits for the 100
+    status, _, rest = got.partition(b"\r\n")
+    assert status == b"HTTP/1.1 413 Request Entity Too Large"
+    assert b"100 Continue" not in got
+    assert orjson.loads(rest.partition(b"\r\n\r\n")[2]) == {
+        "error": {
+            "message": "loopguard: request body over 1 MiB (upstream.max_body_mb)",
+            "type": "request_too_large",
+            "code": 413,
+        }
+    }
+    assert upstream.requests == []
+    # a body within the limit still gets its 100 Continue and goes through
+    ok = body_of([{"role": "user", "content": "hi"}])
+    async with aiohttp.ClientSession() as s, s.post(base + path, data=ok, expect100=True) as r:
+        assert r.status == 200
+    assert [r.body for r in upstream.requests] == [ok]

@@ -180,8 +180,8 @@ def test_restart_keys_name_every_changed_key_a_reload_cannot_apply() -> None:
         response=dataclasses.replace(old.response, max_calls_per_response=3),
         admin_token="x",
     )
-    assert restart_keys(old, new) == ["listen.port", "upstream.url"]
-    assert restart_keys(old, dataclasses.replace(old, admin_token="x")) == []
+    assert restart_keys(old, new) == ["admin_token", "listen.port", "upstream.url"]
+    assert restart_keys(old, dataclasses.replace(old, response=new.response)) == []
 
 
 async def wait_for_event(stream: asyncio.StreamReader, event: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from proxy.guards import build_guards
 from proxy.ops.config import Config, build
 from proxy.ops.incidents import Incident, IncidentLog, first_fresh_denials, iso_utc
 from proxy.ops.observe import Stats
+from proxy.request.conversation import key_digest
 from proxy.request.rewrite import decide_request
 from tests.test_circuit_breaker import conversation, letters
 
@@ -48,7 +49,7 @@ def replay(
     for history in requests_of(messages)[first - 1 :]:
         raw = orjson.dumps({"model": "m", "messages": history})
         decision = decide_request(raw, {"x-session-id": agent}, guards, cfg.conversation_key.headers)
-        assert decision.conversation == agent
+        assert decision.conversation == key_digest(agent)
         found += log.record(decision.actions, decision.conversation, NOW)
     return found
 
@@ -101,7 +102,7 @@ async def test_twenty_identical_calls_write_one_duplicate_line(tmp_path: Path) -
         "tool": "read_file",
         "count": 7,
         "limit": 6,
-        "agent": "agent-1",
+        "agent": key_digest("agent-1"),
     }
     assert [i.as_dict() for i in found] == [expected]
     assert path.read_bytes() == orjson.dumps(expected) + b"\n"
@@ -132,10 +133,10 @@ async def test_each_kind_once_per_conversation_and_per_agent(tmp_path: Path) -> 
     replay(log, messages, cfg, agent="two")
     await log.close()
     assert [(r["agent"], r["kind"], r["count"], r["limit"]) for r in lines(path)] == [
-        ("one", "duplicate", 3, 2),
-        ("one", "cap", 6, 4),
-        ("two", "duplicate", 3, 2),
-        ("two", "cap", 6, 4),
+        (key_digest("one"), "duplicate", 3, 2),
+        (key_digest("one"), "cap", 6, 4),
+        (key_digest("two"), "duplicate", 3, 2),
+        (key_digest("two"), "cap", 6, 4),
     ]
 
 

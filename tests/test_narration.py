@@ -15,6 +15,7 @@ from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
 from proxy.guards.narration import Narration, duration, render
 from proxy.ops.config import Config, build
+from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.rewrite import RequestDecision, decide_request
 from proxy.request.state import (
@@ -152,7 +153,7 @@ def test_a_retried_request_gets_the_same_bytes_and_no_second_reminder() -> None:
     d2 = agent.send(205)  # the same history again
     assert d1.body == d2.body
     assert [a.fresh for a in narrations(d2)] == [False]
-    assert len(agent.memory.store.get("s1", T0 + 205 * S).narrations) == 1
+    assert len(agent.memory.store.get(key_digest("s1"), T0 + 205 * S).narrations) == 1
 
 
 def test_a_new_user_message_restarts_the_silence_and_the_interval() -> None:

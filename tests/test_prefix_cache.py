@@ -32,6 +32,7 @@ from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
+from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import Prefix, PrefixCache, read
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests import messages_blocks, realtraj, responses_items, text_form
@@ -422,7 +423,7 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert kept["fast_hits"] == 0  # small bodies: decoded whole
     local = PrefixCache(1 << 30)
     _decide(last, openai_chat, local)
-    entry = local.get(openai_chat.PATH_SUFFIX, "s1")
+    entry = local.get(openai_chat.PATH_SUFFIX, key_digest("s1"))
     assert entry is not None and entry.edits is not None and entry.checkpoint is not None
     assert (len(entry.edits.edits), len(entry.edits.actions)) == (1, 1)
     reminder = entry.edits.edits[0][3]
@@ -478,10 +479,10 @@ def test_a_kept_prefix_resumed_twice_gives_each_continuation_its_own_transcript(
         bodies = [orjson.dumps(messages_blocks.messages_body(m)) for m in (pending, first, second)]
     cache = PrefixCache(1 << 20)
     _decide(bodies[0], dialect, cache)
-    kept = cache.get(dialect.PATH_SUFFIX, "s1")
+    kept = cache.get(dialect.PATH_SUFFIX, key_digest("s1"))
     assert kept is not None
     _same(_decide(bodies[1], dialect, cache), _decide(bodies[1], dialect, None), "first continuation")
-    cache.put(dialect.PATH_SUFFIX, "s1", kept)  # the kept prefix again
+    cache.put(dialect.PATH_SUFFIX, key_digest("s1"), kept)  # the kept prefix again
     _same(_decide(bodies[2], dialect, cache), _decide(bodies[2], dialect, None), "second continuation")
     assert cache.stats.hits == 2
 

@@ -14,6 +14,7 @@ from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT, RepeatReminder, preview
 from proxy.ops.config import Config, GuardsConfig, RepeatReminderConfig, build
+from proxy.request.conversation import key_digest
 from proxy.request.rewrite import decide_request
 
 RR = "guards.repeat_reminder"
@@ -451,7 +452,7 @@ def test_decide_unreadable_body_unchanged(raw: bytes) -> None:
 def test_decide_reports_model_stream_and_conversation() -> None:
     raw = request_bytes("go", READ_A, stream=True, prompt_cache_key="conv-1")
     d = decide(raw)
-    assert (d.model, d.stream, d.conversation) == ("m", True, "conv-1")
+    assert (d.model, d.stream, d.conversation) == ("m", True, key_digest("conv-1"))
 
 
 def test_decide_with_no_guards_changes_nothing() -> None:

@@ -25,6 +25,7 @@ from proxy.ops.capture import PREFIX, digest, redact_arguments
 from proxy.ops.config import Config, build
 from proxy.ops.observe import configure_logging
 from proxy.ops.replay import as_json, load, replay, replay_all, table, totals
+from proxy.request.conversation import key_digest
 from tests.corpus import fixture_dir
 from tests.fakes import FakeUpstream
 from tests.proxy_server import serve
@@ -116,7 +117,7 @@ async def test_capture_holds_no_header_and_no_text_unless_contents(
     ):
         assert secret not in raw
     (line,) = [orjson.loads(x) for x in raw.splitlines()]
-    assert line["conversation"] == "sess-1"
+    assert line["conversation"] == key_digest("sess-1")
     assert line["messages"] == [
         {"role": "system", "content": digest("You are a coding agent.")},
         {"role": "user", "content": digest("Fix the bug in app.py")},

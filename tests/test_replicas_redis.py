@@ -23,6 +23,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.guards.narration import TEXT as NARRATION
+from proxy.request.conversation import key_digest
 from tests.fake_responses import FakeResponses
 from tests.fakes import FakeUpstream, looping_handler, repeated_call_messages
 from tests.proxy_server import serve, serve_process
@@ -185,7 +186,7 @@ async def test_alternating_replicas_send_what_one_proxy_sends_and_log_each_incid
     assert sum(x.count(NARRATION_HEAD.encode()) > 0 for x in shared) == 2 * (STEPS - 3)
     want = incidents_of(single_log)
     assert want and len(set(want)) == len(want)
-    assert {agent for agent, _ in want} == set(CONVERSATIONS)
+    assert {agent for agent, _ in want} == {key_digest(c) for c in CONVERSATIONS}
     assert incidents_of(a.incidents, b.incidents) == want  # once each, over both replicas
 
     # stats: each replica its own, the sum over both under "replicas"

@@ -21,6 +21,7 @@ import proxy.edge.relay
 import proxy.response.stream_guard
 from proxy.ops.config import GuardsConfig
 from proxy.ops.observe import configure_logging
+from proxy.request.conversation import key_digest
 from proxy.response.decide import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
 from tests.quirks import ARGS, QUIRKS, ROLE, Quirk, calls, chunk, ev, tc
@@ -59,8 +60,8 @@ async def test_sdk_agent_loop_ends_on_its_own_with_the_stop_text(
     snap = await snapshot(client.base)
     assert (snap["stops"], snap["per_rule"]["stop"], snap["results_withheld"]) == (1, 1, 2)
     assert [(i["kind"], i["tool"], i["count"], i["limit"], i["agent"]) for i in snap["incidents"]] == [
-        ("duplicate", "read_file", 7, 6, "agent-1"),
-        ("stop", "read_file", 9, 2, "agent-1"),
+        ("duplicate", "read_file", 7, 6, key_digest("agent-1")),
+        ("stop", "read_file", 9, 2, key_digest("agent-1")),
     ]
 
 

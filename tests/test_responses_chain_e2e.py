@@ -7,6 +7,7 @@ an id loopguard does not hold (a restart) is forwarded unguarded, counted and lo
 from __future__ import annotations
 
 import gzip
+import re
 from typing import Any
 
 import aiohttp
@@ -225,7 +226,8 @@ async def test_an_unknown_previous_response_is_forwarded_unguarded_counted_and_l
     assert not any(b"[loopguard]" in r.body for r in upstream.requests[sent_before:])
     unknown = [e for e in logs if e["event"] == UNKNOWN_PREVIOUS]
     assert len(unknown) == 2  # once per chain
-    assert unknown[0]["log_level"] == "warning" and unknown[0]["previous_response_id"].startswith("resp_")
+    assert unknown[0]["log_level"] == "warning" and "previous_response_id" not in unknown[0]
+    assert re.fullmatch(r"id-[0-9a-f]{16}", unknown[0]["previous_response_id_digest"])
     requests = [e for e in logs if e["event"] == "request"]
     assert [e.get("unguarded") for e in requests] == [UNKNOWN_PREVIOUS] * 6
     assert stats["responses_store"]["entries"] == 0  # nothing of a lost chain is kept
@@ -299,3 +301,56 @@ async def test_a_gzip_answer_is_kept(upstream: FakeUpstream, make_proxy: ProxyFa
     assert stats["unguarded"] == {} and stats["stops"] == 0  # a compressed answer is not rewritten
     assert (stats["reminders_injected"], stats["results_withheld"]) == (2, 2)  # but the chain is guarded
     assert stats["responses_store"]["entries"] == 8
+
+
+@pytest.mark.parametrize(
+    ("header", "tenant_a", "tenant_b"),
+    [
+        pytest.param("Authorization", "Bearer sk-tenant-a", "Bearer sk-tenant-b", id="bearer"),
+        pytest.param("api-key", "azure-key-a", "azure-key-b", id="azure_api_key"),
+        pytest.param("Authorization", "Bearer sk-tenant-a", None, id="no_credential"),
+    ],
+)
+async def test_a_response_id_is_known_only_under_the_credential_that_created_it(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, header: str, tenant_a: str, tenant_b: str | None
+) -> None:
+    """Tenant A's chain reads the same file three times; another credential naming A's last
+    response id must not be guarded over A's history (its reminder would quote A's call into
+    the other tenant's request): to it the id is unknown, and its bytes go upstream unchanged.
+    A itself, continuing the same id, gets the reminder."""
+    fake = FakeResponses(looping_script(), stateful=True)
+    upstream.handler = fake.handle
+    base = await make_proxy()
+    a = {header: tenant_a}
+    b = {header: tenant_b} if tenant_b is not None else {}
+
+    async def post(headers: dict[str, str], body: dict[str, Any]) -> Any:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(base + "/v1/responses", json=body, headers=headers) as r,
+        ):
+            assert r.status == 200
+            return await r.json()
+
+    answer = await post(a, {"model": "m", "input": PROMPT})
+    for _ in range(2):
+        call = answer["output"][-1]
+        out = [{"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}]
+        answer = await post(a, {"model": "m", "input": out, "previous_response_id": answer["id"]})
+    call = answer["output"][-1]
+    third = {
+        "model": "m",
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}],
+        "previous_response_id": answer["id"],
+    }
+    sent = len(upstream.requests)
+    await post(b, third)
+    await post(a, third)
+    other, owner = (r.json() for r in upstream.requests[sent:])
+    assert other == third  # unguarded: as the other tenant sent it
+    assert [i.get("type", "message") for i in owner["input"]] == ["function_call_output", "message"]
+    assert seen(owner["input"][1:])[0][:2] == ("message", "user")
+    assert seen(owner["input"][1:])[0][2].startswith("[loopguard]")
+    stats = await get(base, "/loop-guard")
+    assert stats["unguarded"] == {UNKNOWN_PREVIOUS: 1}
+    assert stats["reminders_injected"] == 1

@@ -15,7 +15,7 @@ the incident log, ``GET /loop-guard/metrics``, ``GET /loop-guard`` and its per-c
 
 What the proxy does log by design, and the test therefore keeps free of the marker: tool names
 (action evidence and incidents), the model name, the URL path (never its query), and the
-conversation key (a configured header's value or ``prompt_cache_key``; else a hash). The one
+conversation key (the digest of a header value or ``prompt_cache_key``; else a hash). The one
 per-conversation ledger view (``?conversation=``, turn_guard on) shows each call's target (its
 ``path``/``command`` argument, DESIGN §6.3) and nothing else of the arguments: pinned below.
 
@@ -36,6 +36,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.request.conversation import key_digest
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
 from tests.proxy_server import serve_process
 
@@ -588,7 +589,9 @@ async def test_no_secret_reaches_logs_incidents_metrics_or_stats(
         assert rules[(rule, kind)] > 0, (rule, kind, rules)
     assert any(x.get("disconnected") for x in requests)
     assert any(x.get("upstream_error") for x in requests)
-    assert {x["conversation"] for x in requests} >= {"conv-json", "conv-sse", "conv-failing"}
+    assert {x["conversation"] for x in requests} >= {
+        key_digest(k) for k in ("conv-json", "conv-sse", "conv-failing")
+    }
     on_responses = Counter(a["rule"] for x in requests if x["path"] == "/v1/responses" for a in x["actions"])
     assert on_responses["repeat_reminder"] > 0 and on_responses["circuit_breaker"] > 0, on_responses
     on_messages = Counter(a["rule"] for x in requests if x["path"] == "/v1/messages" for a in x["actions"])

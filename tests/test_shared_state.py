@@ -17,6 +17,7 @@ from proxy.errors import ConfigError
 from proxy.guards import build_guards
 from proxy.ops.config import Config, StateConfig, TurnGuardConfig, build
 from proxy.ops.observe import Stats
+from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.response_store import Entry
 from proxy.request.rewrite import decide_request
@@ -38,6 +39,9 @@ STATE = ConversationState(
     b'{"calls":3}',
     4_500,
 )
+
+#: A conversation key as the server holds it (a header's value is held as its digest).
+C = key_digest("c")
 
 
 @pytest.mark.parametrize(
@@ -125,7 +129,7 @@ def _run(memory: Memory, now_ms: int, seen: list[ConversationState | None]) -> A
 
         body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
         return decide_request(
-            body, {"x-session-id": "c"}, guards, ("x-session-id",), now_ms, noting, openai_chat
+            body, {"x-session-id": C}, guards, ("x-session-id",), now_ms, noting, openai_chat
         )
 
     return run
@@ -139,7 +143,7 @@ def _memory() -> Memory:
 
 async def test_a_newer_state_in_the_backend_is_adopted_and_the_request_decided_again() -> None:
     remote = ConversationState({1: 100}, {}, (), None, 900)
-    backend = Scripted({"c": remote})
+    backend = Scripted({C: remote})
     shared = SharedState(StateConfig(backend="redis://x"), Stats(), backend=backend)
     memory = _memory()
     seen: list[ConversationState | None] = []
@@ -147,8 +151,8 @@ async def test_a_newer_state_in_the_backend_is_adopted_and_the_request_decided_a
         _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None
     )
     assert seen == [None, remote]  # first over local state (none), then over the backend's
-    assert backend.fetches == [(["c"], [])]  # one fetch: the second run asked for nothing new
-    assert memory.store.get("c", 1_000) == remote
+    assert backend.fetches == [([C], [])]  # one fetch: the second run asked for nothing new
+    assert memory.store.get(C, 1_000) == remote
 
 
 async def test_an_unchanged_state_is_decided_once() -> None:
@@ -160,7 +164,7 @@ async def test_an_unchanged_state_is_decided_once() -> None:
         _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None
     )
     assert seen == [None]
-    assert backend.fetches == [(["c"], [])]
+    assert backend.fetches == [([C], [])]
 
 
 async def test_a_failing_backend_fails_open_counts_each_loss_and_warns_once_per_operation() -> None:
@@ -174,9 +178,9 @@ async def test_a_failing_backend_fails_open_counts_each_loss_and_warns_once_per_
             decision = await shared.decide(
                 _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None
             )
-            assert seen == [None] and decision.conversation == "c"  # decided with local state
-            await shared.save_state("c", STATE)
-            assert await shared.claim("c", "duplicate") is True  # a line rather than none
+            assert seen == [None] and decision.conversation == C  # decided with local state
+            await shared.save_state(C, STATE)
+            assert await shared.claim(C, "duplicate") is True  # a line rather than none
     assert dict(stats.backend_errors) == {"fetch": 3, "save_state": 3, "claim_incident": 3}
     warnings = [e for e in logs if e["event"] == "state_backend_error"]
     assert [(w["op"], w["error"], w["lost"]) for w in warnings] == [
@@ -186,9 +190,9 @@ async def test_a_failing_backend_fails_open_counts_each_loss_and_warns_once_per_
     ]
     backend.fail = False
     with capture_logs() as logs:
-        await shared.save_state("c", STATE)
+        await shared.save_state(C, STATE)
     assert [e["event"] for e in logs] == ["state_backend_restored"]
-    assert backend.saved == [("c", STATE)]
+    assert backend.saved == [(C, STATE)]
 
 
 async def test_after_a_failure_the_backend_rests_for_retry_s() -> None:
@@ -196,11 +200,11 @@ async def test_after_a_failure_the_backend_rests_for_retry_s() -> None:
     backend = Scripted(fail=True)
     shared = SharedState(StateConfig(backend="redis://x", retry_s=3600), stats, backend=backend)
     for _ in range(3):
-        await shared.save_state("c", STATE)
+        await shared.save_state(C, STATE)
     assert stats.backend_errors["save_state"] == 3  # all lost, counted
     assert backend.saved == []
     backend.fail = False
-    await shared.save_state("c", STATE)
+    await shared.save_state(C, STATE)
     assert backend.saved == []  # still resting: not asked
 
 
@@ -213,22 +217,22 @@ async def test_without_a_shared_backend_nothing_is_fetched_or_counted() -> None:
         _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None
     )
     assert seen == [None]
-    assert await shared.claim("c", "cap") is True
+    assert await shared.claim(C, "cap") is True
     assert await shared.totals() is None
     assert dict(stats.backend_errors) == {}
 
 
 async def test_a_conversation_key_known_from_a_header_is_fetched_first_and_decided_once() -> None:
     remote = ConversationState({1: 100}, {}, (), None, 900)
-    backend = Scripted({"c": remote})
+    backend = Scripted({C: remote})
     shared = SharedState(StateConfig(backend="redis://x"), Stats(), backend=backend)
     memory = _memory()
     seen: list[ConversationState | None] = []
     await shared.decide(
-        _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None, hint="c"
+        _run(memory, 1_000, seen), memory.state_for(1_000), None, memory.store.put, lambda *a: None, hint=C
     )
     assert seen == [remote]  # one decision, over the backend's copy
-    assert backend.fetches == [(["c"], [])]
+    assert backend.fetches == [([C], [])]
 
 
 BAD_STATE = [

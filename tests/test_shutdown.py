@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,64 @@ async def test_sigterm_shuts_down_gracefully(
     else:
         assert (broken, got) == (False, b"".join(events))
         assert request[0]["level"] == "info"
+
+
+def never_answers(arrived: asyncio.Event) -> Any:
+    """An upstream that reads the request and then sends nothing, not even its headers (a
+    model server busy with another slot's generation)."""
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        arrived.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    return handler
+
+
+#: The agent's 503 body before any of the answer reached it, per wire (the Messages form is
+#: Anthropic's, which its SDK and Claude Code read).
+SHUTDOWN_503 = {
+    "/v1/chat/completions": {
+        "error": {"message": "loopguard is shutting down", "type": "proxy_shutdown", "code": 503}
+    },
+    "/v1/responses": {
+        "error": {"message": "loopguard is shutting down", "type": "proxy_shutdown", "code": 503}
+    },
+    "/v1/messages": {
+        "type": "error",
+        "error": {"type": "proxy_shutdown", "message": "loopguard is shutting down"},
+    },
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+async def test_a_request_waiting_for_upstream_headers_gets_a_503_at_the_end_of_one_grace(
+    upstream: FakeUpstream, tmp_path: Path, path: str
+) -> None:
+    grace_s = 2.0
+    arrived = asyncio.Event()
+    upstream.handler = never_answers(arrived)
+    proc, _, base = await serve(upstream.url, tmp_path, grace_s, False)
+    try:
+        async with aiohttp.ClientSession() as s:
+            body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1), "input": "hi"})
+            post = asyncio.ensure_future(s.post(base + path, data=body))
+            await asyncio.wait_for(arrived.wait(), 10)
+            sent = time.monotonic()
+            os.kill(proc.pid, signal.SIGTERM)
+            async with await asyncio.wait_for(post, 10) as r:
+                answered = time.monotonic() - sent
+                status, answer = r.status, await r.json(content_type=None)
+        code = await asyncio.wait_for(proc.wait(), 10)
+        exited = time.monotonic() - sent
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.stderr is not None
+    lines = [orjson.loads(x) for x in (await proc.stderr.read()).decode().splitlines() if x.startswith("{")]
+    (request,) = [x for x in lines if x.get("event") == "request"]
+    assert (code, status, answer) == (0, 503, SHUTDOWN_503[path])
+    assert (request["status"], request["shutdown"], request["level"]) == (503, True, "warning")
+    # one grace in all (aiohttp's own shutdown would wait it out a second time)
+    assert grace_s <= answered < grace_s + 1.0, answered
+    assert exited < grace_s + 1.5, exited

@@ -68,6 +68,33 @@ def test_crlf_split_between_cr_and_lf() -> None:
     assert [e.raw for e in events] == [b"data: a\r\n\r\n", b"data: b\r\n\r\n"]
 
 
+@pytest.mark.parametrize(
+    ("stream", "at_end", "rest"),
+    [
+        pytest.param(b"data: a\r\r", [(b"data: a\r\r", "a")], b"", id="bare_cr_last_event"),
+        pytest.param(b"data: a\r\rdata: b\r\r", [(b"data: b\r\r", "b")], b"", id="bare_cr_after_others"),
+        pytest.param(b": ping\r\r", [(b": ping\r\r", None)], b"", id="bare_cr_comment"),
+        pytest.param(b"data: a\r", [], b"data: a\r", id="no_blank_line_no_event"),
+        pytest.param(b"data: a\n\n", [], b"", id="lf_nothing_held"),
+        pytest.param(b"data: a\r\n\r\n", [], b"", id="crlf_nothing_held"),
+        pytest.param(b"data: a\n", [], b"data: a\n", id="unfinished_lf"),
+    ],
+)
+def test_the_end_of_the_stream_ends_a_line_held_at_its_cr(
+    stream: bytes, at_end: list[tuple[bytes, str | None]], rest: bytes
+) -> None:
+    """A CR that is the last byte cannot start a CRLF any more: it ends its line, and the blank
+    line it ends dispatches the stream's last event (WHATWG: CR alone is a line end)."""
+    for reads in ([stream], split_every(stream, 1)):
+        f = SSEFramer()
+        fed = [e for r in reads for e in f.feed(r)]
+        ended = f.end()
+        assert [(e.raw, e.data) for e in ended] == at_end
+        assert f.end() == []
+        assert f.finish() == rest
+        assert b"".join(e.raw for e in fed + ended) + rest == stream
+
+
 def test_unfinished_event_is_returned_raw_by_finish() -> None:
     events, rest = frame([b"data: a\n\ndata: b\n"])
     assert [e.data for e in events] == ["a"]

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 from proxy.edge.server import MEMORY_KEY
 from proxy.guards.narration import render
+from proxy.request.conversation import key_digest
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
 from tests.proxy_server import serve
 
@@ -121,7 +122,7 @@ async def test_sdk_rewrite_loop_is_withheld_from_the_sixth_call_on_fix_py(
 
     status, ledger = await get(base, "/loop-guard?conversation=agent-4")
     assert status == 200
-    assert ledger["conversation"] == "agent-4"
+    assert ledger["conversation"] == key_digest("agent-4")
     assert (ledger["turn"], ledger["calls"], ledger["consecutive_failures"]) == (1, 8, 1)
     assert ledger["same_target"] == [
         {"target": "fix.py", "count": 8},
@@ -189,7 +190,7 @@ async def test_ledger_endpoint_404s_and_admin_token(upstream: FakeUpstream, make
     status, body = await get(base, "/loop-guard?conversation=nobody", "s3cret")
     assert status == 404
     assert body["error"]["message"] == (
-        "no turn_guard ledger for conversation 'nobody' (unknown, expired, or turn_guard off)"
+        f"no turn_guard ledger for conversation {key_digest('nobody')} (unknown, expired, or turn_guard off)"
     )
     async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard?conversation=nobody") as r:
         assert r.status == 401

@@ -6,7 +6,11 @@ Python's ``json.dumps`` produces), numbers beyond float range (``1e400`` reads a
 Nesting deeper than either decoder's limit (orjson: 1,024 levels; ``json``: about 1,000) is read
 member by member: a top-level member too deep to decode becomes :data:`TOO_DEEP` (the guards never
 read ``tools`` or ``metadata``), a too-deep value inside ``messages`` makes the body unreadable.
-``NaN``/``Infinity`` literals are not JSON and are refused, as orjson does.
+``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259 §6) but Python's ``json.dumps``
+writes them by default (``allow_nan=True``), so an agent written in Python may send them
+(``"temperature": NaN``, a tool result holding ``-Infinity``): they are read as ``json.loads``
+reads them (float ``nan``, ``inf``, ``-inf``), and since a rewrite splices bytes they reach the
+upstream as the agent wrote them.
 
 Editing (:func:`splice`): the body that goes upstream is the original bytes with only the edited
 spans replaced (issue 14, item 6). Re-serializing a decoded body would change what the guards never
@@ -41,16 +45,12 @@ _NO_HINT: Any = object()
 
 
 class Unreadable(DialectError):
-    """The body is not JSON the guards can read. ``reason``: ``not_json`` (not JSON at all, or
-    ``NaN``/``Infinity``), ``nesting`` (a message nested past every decoder's limit)."""
+    """The body is not JSON the guards can read. ``reason``: ``not_json`` (not JSON at all, not
+    UTF-8), ``nesting`` (a message nested past every decoder's limit)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _stdlib(raw: bytes | str) -> Any:
@@ -58,7 +58,7 @@ def _stdlib(raw: bytes | str) -> Any:
     # one starting with a BOM is not JSON here (json.loads would guess the encoding, and byte
     # offsets would no longer match what it read)
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    return json.loads(text, parse_constant=_refuse_constant)
+    return json.loads(text)  # NaN / Infinity / -Infinity read as floats (module docstring)
 
 
 def decode(raw: bytes | str) -> Any:

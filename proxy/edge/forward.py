@@ -60,6 +60,24 @@ def _merged_query(base: tuple[tuple[str, str], ...], query: str) -> str:
     return f"{kept}&{query}" if kept and query else kept or query
 
 
+def origin_form(target: str) -> str:
+    """The path and query of a request target as the upstream gets it (RFC 9112 §3.2): an
+    origin-form target (``/…``) exactly as sent, its slashes included (``//health`` stays
+    ``//health``: a doubled slash is the agent's, and the upstream's to answer); an
+    absolute-form one (``http://host/path?q``, what a client sends to a proxy it was told is an
+    HTTP proxy) reduced to its path and query (``/`` for none).
+
+    >>> origin_form("//health")
+    '//health'
+    >>> origin_form("http://x//health?a=1")
+    '//health?a=1'
+    """
+    if target.startswith("/") or "://" not in target:
+        return target
+    parts = urlsplit(target)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
 def upstream_url(base: str, raw_path: str) -> str:
     """Map an incoming raw path (with query) onto the upstream base URL.
 

@@ -5,10 +5,15 @@ for Anthropic Messages).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
 ``POST …/responses`` and ``POST …/messages`` with status 200,
-``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``.
-A compressed answer (``gzip`` …) is passed through untouched and unread: decompressing and
-re-encoding it would cost more than it is worth (local servers do not compress, and agents that ask
-for compression get exactly what the upstream sent). Everything else is plain passthrough.
+``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``
+(``identity`` aside). So that answers come readable, the agent's ``Accept-Encoding`` on those
+requests goes upstream as ``identity`` while the response side is on (:func:`reads`; no header is
+added when the agent sent none): the openai and anthropic SDKs send ``gzip, deflate`` by default,
+and a compressing upstream's answer would pass unread. An answer compressed anyway passes
+through untouched and unread (decompressing and re-encoding it would cost more than it is worth);
+that answer, and every other one the response side was to read and could not, is counted in
+``unguarded_responses{reason}`` and named in the request's log line (``unguarded_response``):
+:data:`UNREAD_REASONS`. Everything else is plain passthrough.
 
 - SSE (:func:`relay_sse`): each upstream read goes through the wire's stream guard
   (:class:`proxy.response.stream_guard.StreamGuard` for chat, ``ResponsesStreamGuard``,
@@ -72,6 +77,16 @@ from proxy.response.stream_guard import FramedGuard, StreamGuard
 
 log = structlog.get_logger("loopguard")
 
+#: Why an answer the response side was to read went out unread (``ResponseSide.unread``):
+#: compressed although asked not to be; a 200 answer neither SSE nor JSON; an event past
+#: :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` (the rest of the stream relayed unread); the
+#: response side failed and failed open.
+CONTENT_ENCODING = "content_encoding"
+CONTENT_TYPE = "content_type"
+TOO_LARGE = "too_large"
+INTERNAL_ERROR = "internal_error"
+UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR)
+
 
 @dataclass
 class ResponseSide:
@@ -99,6 +114,8 @@ class ResponseSide:
     shadow: Shadow | None = None
     #: the upstream's answer for the capture (``capture.path``, chat only): SSE assembled, JSON whole
     tap: Assembly | bytearray | None = None
+    #: why the answer (or its rest) went out unread (:data:`UNREAD_REASONS`), None: it was read
+    unread: str | None = None
 
     def read(self, chunk: bytes, stats: Stats) -> None:
         """Upstream bytes, as they came, for the shadow and the capture tap (never raises)."""
@@ -153,6 +170,18 @@ class ResponseSide:
 
 def enabled(cfg: Config) -> bool:
     return bool(StopJudge.enabled(cfg) or cuts_enabled(cfg))
+
+
+def reads(guarded: bool | str | None, cfg: Config) -> bool:
+    """The response side reads the answer to this request (``guarded``: its wire, see
+    :func:`plan`): the agent's ``Accept-Encoding`` then goes upstream as ``identity``."""
+    return bool(guarded) and enabled(cfg)
+
+
+def _encoding(upstream: aiohttp.ClientResponse) -> str | None:
+    """The answer's ``Content-Encoding``, None when it is not compressed."""
+    enc = upstream.headers.get("Content-Encoding")
+    return None if enc is None or enc.strip().lower() in ("", "identity") else enc
 
 
 class Shadow:
@@ -229,7 +258,7 @@ def plan(
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
     ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
     side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
-    readable = upstream.status == 200 and upstream.headers.get("Content-Encoding") is None
+    readable = upstream.status == 200 and _encoding(upstream) is None
     sse = upstream.content_type == "text/event-stream"
     if (
         tap
@@ -253,15 +282,17 @@ def _plan(
 ) -> ResponseSide | None:
     if not guarded or upstream.status != 200:
         return None
+    wire = "chat" if guarded is True else str(guarded)
     ctype = upstream.content_type
     if ctype == "text/event-stream":
         kind = "sse"
     elif ctype == "application/json":
         kind = "json"
+    elif enabled(cfg):  # an answer the response side cannot read: counted, relayed unchanged
+        return ResponseSide("observe", cfg, None, wire, unread=CONTENT_TYPE)
     else:
         return None
-    encoding = upstream.headers.get("Content-Encoding")
-    wire = "chat" if guarded is True else str(guarded)
+    encoding = _encoding(upstream)
     # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
@@ -287,13 +318,21 @@ def _plan(
         else None
     )
     if not enforcing or encoding is not None:
+        unread = CONTENT_ENCODING if encoding is not None and (enforcing or observing) else None
         if on_answer is None or wire != "responses":
-            if shadow is None:
+            if shadow is None and unread is None:
                 return None
-            return ResponseSide("observe", cfg, None, wire, shadow=shadow)
+            return ResponseSide("observe", cfg, None, wire, shadow=shadow, unread=unread)
         capture = ResponseCapture(kind == "sse", encoding)
         return ResponseSide(
-            "observe", cfg, None, "responses", on_answer=on_answer, capture=capture, shadow=shadow
+            "observe",
+            cfg,
+            None,
+            "responses",
+            on_answer=on_answer,
+            capture=capture,
+            shadow=shadow,
+            unread=unread,
         )
     return ResponseSide(
         kind,
@@ -355,6 +394,7 @@ async def relay_sse(
             except Exception as exc:  # fail open: forward what is pending, then relay as is
                 failed(stats, "sse", exc)
                 side.actions.extend(guard.actions)
+                side.unread = INTERNAL_ERROR
                 guard = None
                 await response.write(bytes(unsettled) + chunk)
                 continue
@@ -375,8 +415,12 @@ async def relay_sse(
                 complete = guard.complete
             except Exception as exc:
                 failed(stats, "sse", exc)
+                side.unread = INTERNAL_ERROR
                 tail = bytes(unsettled)
                 complete = True  # our own failure: nothing known about the upstream's stream
+            if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
+                side.answered(guard.answer, stats)  # its final event ended only with the stream
+                await side.settle()
             if tail:
                 await response.write(tail)
             if not complete:
@@ -394,6 +438,7 @@ async def relay_sse(
     finally:
         if guard is not None:
             side.actions.extend(guard.actions)
+            side.unread = side.unread or guard.unread
         side.observed(stats)
 
 
@@ -434,6 +479,7 @@ async def relay_json(
         side.actions.extend(actions)
     except Exception as exc:
         failed(stats, "json", exc)
+        side.unread = INTERNAL_ERROR
         new = None
     out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
     out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
@@ -499,7 +545,7 @@ def readable_stream(upstream: aiohttp.ClientResponse) -> bool:
     return (
         upstream.status == 200
         and upstream.content_type == "text/event-stream"
-        and "content-encoding" not in upstream.headers
+        and _encoding(upstream) is None
     )
 
 
@@ -534,6 +580,7 @@ async def relay_as_json(
                     failed(stats, "sse", exc)
                     if side is not None:
                         side.actions.extend(guard.actions)
+                        side.unread = INTERNAL_ERROR
                     guard = None
                     assembly.feed(bytes(unsettled) + chunk)
                     continue
@@ -554,6 +601,7 @@ async def relay_as_json(
     finally:
         if guard is not None and side is not None:
             side.actions.extend(guard.actions)
+            side.unread = side.unread or guard.unread
         if side is not None:
             side.observed(stats)
 
@@ -569,7 +617,11 @@ def record(
 ) -> None:
     """Count and log the response side's actions; a stop that is the conversation's first (no
     earlier stop in its history, :func:`proxy.response.decide.earlier_stops`) is an incident. A
-    ``previous_response_id`` request's history is its kept ``chain``."""
+    ``previous_response_id`` request's history is its kept ``chain``. An answer that went out
+    unread is counted (``unguarded_responses{reason}``) and said in the log line."""
+    if side.unread is not None:
+        stats.unguarded_responses[side.unread] += 1
+        fields["unguarded_response"] = side.unread
     if not side.actions:
         return
     stats.record_actions(side.actions)

@@ -1,8 +1,12 @@
 """HTTP edge (aiohttp): routes, app lifecycle, forwarding and relay.
 
 Routes: ``GET /loop-guard`` (stats JSON; with ``?conversation=KEY`` that conversation's turn-guard
-ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``; every other path and method
-is forwarded to the upstream (:mod:`proxy.edge.forward`). ``POST …/chat/completions``,
+ledger, :mod:`proxy.request.memory`), ``GET /loop-guard/healthz``, ``GET /loop-guard/metrics``,
+``POST /loop-guard/reload`` (:data:`ADMIN_ROUTES`); anything else under ``/loop-guard`` is a 404
+or 405 (:func:`_own_miss`: never forwarded, it would carry the admin token upstream); every other
+path and method is forwarded to the upstream (:mod:`proxy.edge.forward`). Without
+``admin_token`` the routes that show conversations answer loopback peers only
+(:data:`LOOPBACK_ONLY`). ``POST …/chat/completions``,
 ``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
 (:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
 ``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
@@ -13,6 +17,9 @@ Behaviour at the edge:
   chunk by chunk as it arrives (SSE included): nothing is buffered or re-encoded, except that
   answers to chat completions go through the response side (:mod:`proxy.edge.relay`: tool-call deltas
   held until their choice's decision, JSON bodies buffered; unchanged when nothing is decided).
+- Shutdown (:func:`serve_forever`): one ``listen.shutdown_grace_s`` for every forwarded request
+  still open; then a request waiting for the upstream's headers (or a JSON answer not yet sent)
+  gets a 503, a stream its error event, and the process exits about :data:`FINISH_S` later.
 - Agent disconnect cancels the handler (``handler_cancellation``) and closes the upstream request
   at once (logged ``disconnected: true``, counted in ``disconnects``), so a model server that
   watches its connection stops generating. llama-cpp-python only watches a *stream*'s: with
@@ -56,6 +63,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
+import ipaddress
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -65,6 +74,7 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler  # what every route uses unless told
 from multidict import CIMultiDict
 
 from proxy import dialects
@@ -80,9 +90,10 @@ from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
 from proxy.ops.observe import SERVER_LOG, Stats, action_summary
 from proxy.request import plain
+from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.prefix_cache import PrefixCache
-from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore
+from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore, store_key
 from proxy.request.rewrite import RequestDecision, decide_plain, decide_request
 from proxy.request.shared import newer
 from proxy.response import as_stream
@@ -105,6 +116,13 @@ PREFIX_KEY = web.AppKey("prefix_cache", object)
 SHUTDOWN_KEY = web.AppKey("shutdown", asyncio.Event)
 #: The upstream responses being relayed now (closed at the end of a shutdown's grace period).
 INFLIGHT_KEY = web.AppKey("inflight", set)
+#: The tasks handling a forwarded request now (a shutdown's grace waits for them).
+OPEN_KEY = web.AppKey("open", set)
+#: The tasks sending a request upstream that has not answered its headers yet (cancelled at the
+#: end of a shutdown's grace period: their agents get a 503).
+PENDING_KEY = web.AppKey("pending", set)
+#: Set when a shutdown's grace period is over.
+GRACE_OVER_KEY = web.AppKey("grace_over", asyncio.Event)
 #: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
 CAPTURE_KEY = web.AppKey("capture", CaptureLog)
 #: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
@@ -153,6 +171,10 @@ RUNTIME: Any = (
     web.RequestKey("loopguard.runtime", Runtime) if hasattr(web, "RequestKey") else "loopguard.runtime"
 )
 DONE_MARK = b"[DONE]"
+#: Seconds a shutdown gives the requests it ended at the end of its grace period to write their
+#: answers (a 503, an error event) and log lines, and aiohttp to close the connections: the
+#: whole shutdown takes at most ``listen.shutdown_grace_s`` plus about three times this.
+FINISH_S = 1.0
 #: Seconds an answer given before the whole request body came waits for the rest (see start()).
 LINGER_S = 1.0
 
@@ -259,13 +281,70 @@ async def reload_handler(request: web.Request) -> web.Response:
     return web.json_response({"status": "reloaded"})
 
 
+#: The proxy's own routes (path → the methods each answers): everything else under
+#: ``/loop-guard`` is answered 404 or 405 by the proxy, never forwarded (:func:`_own_miss`).
+ADMIN_ROUTES = {
+    "/loop-guard": ("GET", "HEAD"),
+    "/loop-guard/healthz": ("GET", "HEAD"),
+    "/loop-guard/metrics": ("GET", "HEAD"),
+    "/loop-guard/reload": ("POST",),
+}
+#: The routes that show or change what conversations did (incidents, per-conversation ledgers
+#: with call targets, a reload): without ``admin_token`` they answer loopback peers only.
+#: Health and metrics stay open: they hold no conversation's data, and probes and scrapers
+#: (Kubernetes, a load balancer, Prometheus in another container) are not on loopback.
+LOOPBACK_ONLY = frozenset({"/loop-guard", "/loop-guard/reload"})
+
+
+def _loopback(request: web.Request) -> bool:
+    """The peer is this host's loopback (``127.0.0.0/8``, ``::1``, an IPv4-mapped one)."""
+    try:
+        address = ipaddress.ip_address(request.remote or "")
+    except ValueError:  # a unix socket, or no peer
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 def _check_admin(request: web.Request) -> None:
+    """401 without the right ``admin_token`` when one is set; without one, 403 for a peer that
+    is not on loopback asking a :data:`LOOPBACK_ONLY` route (a proxy bound to 0.0.0.0 in a
+    container must not show its conversations to the network)."""
     token = _rt(request).cfg.admin_token
     if token and request.headers.get("Authorization", "") != f"Bearer {token}":
         raise web.HTTPUnauthorized(
             text=_error_body("missing or wrong admin token", "unauthorized", 401).decode(),
             content_type="application/json",
         )
+    if not token and request.path in LOOPBACK_ONLY and not _loopback(request):
+        message = "loopguard: without admin_token this route answers loopback clients only; set admin_token"
+        raise web.HTTPForbidden(
+            text=_error_body(message, "forbidden", 403).decode(), content_type="application/json"
+        )
+
+
+def _own_miss(request: web.Request) -> web.Response | None:
+    """The answer to a request under ``/loop-guard`` that no route took (a trailing slash, a
+    typo, another method, a doubled slash): 405 with ``Allow`` for a route's path with another
+    method, else 404; None for a path that is not the proxy's. Such a request is never
+    forwarded: it carries the admin token, which the upstream must not see."""
+    path = "/" + request.path.lstrip("/")
+    if path != "/loop-guard" and not path.startswith("/loop-guard/"):
+        return None
+    allowed = ADMIN_ROUTES.get(path)
+    if allowed is not None and request.method not in allowed:
+        return web.Response(
+            status=405,
+            body=_error_body(f"loopguard: {path} answers {', '.join(allowed)}", "method_not_allowed", 405),
+            content_type="application/json",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    return web.Response(
+        status=404,
+        body=_error_body(f"loopguard: no route {path}", "not_found", 404),
+        content_type="application/json",
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -283,7 +362,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     _check_admin(request)
     if "conversation" in request.query:  # one conversation's turn-guard ledger (issue 4)
-        key = request.query["conversation"]
+        key = key_digest(request.query["conversation"])  # the tables hold digests only
         memory = _rt(request).memory
         remote = await request.app[SHARED_KEY].fetch_state(key)
         if remote is not None:  # another replica's newer request
@@ -292,7 +371,7 @@ async def stats(request: web.Request) -> web.Response:
                     memory.store.put(key, remote)
         view = memory.view(key, memory.clock())
         if view is None:
-            message = f"no turn_guard ledger for conversation {key!r} (unknown, expired, or turn_guard off)"
+            message = f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off)"
             return web.Response(
                 status=404, body=_error_body(message, "not_found", 404), content_type="application/json"
             )
@@ -341,8 +420,9 @@ def _guarded(request: web.Request) -> str | None:
 
 def _header_key(headers: Any, names: tuple[str, ...]) -> str | None:
     """The conversation key when a ``conversation_key`` header gives it (DESIGN §4's first rule:
-    known before the body is read), else None."""
-    return next((headers[n] for n in names if headers.get(n)), None)
+    known before the body is read; its digest, as the decision's), else None."""
+    value = next((headers[n] for n in names if headers.get(n)), None)
+    return key_digest(value) if value is not None else None
 
 
 async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -> RequestDecision:
@@ -355,6 +435,8 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     request[DECIDED_MS] = now_ms  # the capture records the time the guards decided at
 
     def run(state_for: Any, previous: Any) -> RequestDecision:
+        if previous is not None:  # the store holds this credential's responses only (store_key)
+            previous = functools.partial(_scoped, previous, request.headers)
         return decide_request(
             raw,
             request.headers,
@@ -393,11 +475,18 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     return decision
 
 
-def _unknown_previous(app: web.Application, decision: RequestDecision) -> None:
+def _scoped(lookup: Callable[[str], Any], headers: Any, rid: str) -> Any:
+    """``lookup`` of response ``rid`` as kept for the credential in ``headers`` (its
+    :func:`proxy.request.response_store.store_key`)."""
+    return lookup(store_key(headers, rid))
+
+
+def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
     """Log a ``previous_response_id`` the store does not hold, once per chain (fails open)."""
+    app = request.app
     assert decision.chain is not None and decision.chain.previous is not None
     try:
-        first = app[RESPONSES_KEY].note_unknown(decision.chain.previous)
+        first = app[RESPONSES_KEY].note_unknown(store_key(request.headers, decision.chain.previous))
     except Exception as exc:
         app[STATS_KEY].internal_errors += 1
         log.error("store_error", error=type(exc).__name__)
@@ -406,24 +495,27 @@ def _unknown_previous(app: web.Application, decision: RequestDecision) -> None:
         log.warning(
             "unknown_previous_response",
             conversation=decision.conversation or None,
-            previous_response_id=decision.chain.previous,
+            # a digest: the id is the agent's to choose and may be megabytes long
+            previous_response_id_digest=key_digest(decision.chain.previous),
             hint="forwarded unguarded: loopguard does not hold this response (a restart, another "
             "replica, or evicted: responses_store.*); the rest of this chain is counted, not logged",
         )
 
 
-def _keeper(app: web.Application, decision: RequestDecision | None) -> Any:
-    """The response side's ``on_answer`` for this request: the answer goes to the response store
-    (None when the store wants nothing of it)."""
+def _keeper(request: web.Request, decision: RequestDecision | None) -> Any:
+    """The response side's ``on_answer`` for this request: the answer goes to the response store,
+    kept for this request's credential (None when the store wants nothing of it)."""
     chain = decision.chain if decision is not None else None
     if chain is None or not (chain.keep or chain.lost):
         return None
-    store = app[RESPONSES_KEY]
-    shared = app[SHARED_KEY]
+    store = request.app[RESPONSES_KEY]
+    shared = request.app[SHARED_KEY]
+    headers = request.headers
 
     def keep(answer: Answer) -> Any:
-        if store.after_answer(chain, answer) and shared.shared:  # written before the agent has it
-            return asyncio.ensure_future(shared.keep(answer.response_id, store.peek(answer.response_id)))
+        key = store_key(headers, answer.response_id)
+        if store.after_answer(chain, answer, key) and shared.shared:  # written before the agent has it
+            return asyncio.ensure_future(shared.keep(key, store.peek(key)))
         return None
 
     return keep
@@ -444,38 +536,107 @@ def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    """Every request no route of the proxy's own takes: forwarded (module doc)."""
+    own = _own_miss(request)
+    if own is not None:
+        return own
+    opened = request.app[OPEN_KEY]
+    task = asyncio.current_task()
+    opened.add(task)
+    try:
+        return await _proxy(request)
+    finally:
+        opened.discard(task)
+
+
+def _declared_too_large(request: web.Request) -> bool:
+    """The request's ``Content-Length`` is over ``upstream.max_body_mb``."""
+    length = request.content_length
+    return length is not None and length > request.client_max_size
+
+
+def _too_large_response(request: web.Request) -> web.Response:
+    """413 for a body over ``upstream.max_body_mb`` (an error body in the wire's form), logged
+    as a request line; nothing is sent upstream."""
+    limit = request.app[CONFIG_KEY].upstream.max_body_mb
+    log.warning(  # the request line's fields, as for any request
+        "request",
+        method=request.method,
+        path=request.path,
+        conversation=None,
+        model=None,
+        stream=None,
+        rewritten=False,
+        actions=[],
+        status=413,
+        too_large=True,
+    )
+    return web.Response(
+        status=413,
+        body=_error_json(
+            request,
+            f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
+            "request_too_large",
+            413,
+        ),
+        content_type="application/json",
+    )
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """The forwarding route's ``Expect`` handler: a body its ``Content-Length`` says is over
+    ``upstream.max_body_mb`` gets the 413 at once instead of ``100 Continue`` (RFC 9110
+    §10.1.1: a server may answer with a final status instead; the client then never sends the
+    body). Anything else as aiohttp does (``100 Continue``, or 417 for another expectation)."""
+    if _declared_too_large(request) and _own_miss(request) is None:
+        request.app[STATS_KEY].requests += 1  # the handler, which counts requests, does not run
+        return _too_large_response(request)
+    return await _default_expect_handler(request)
+
+
+def _shutdown_response(request: web.Request, fields: dict[str, Any]) -> web.Response:
+    """503 for a request the shutdown ended before the agent had any of its answer (an error
+    body in the wire's form, :func:`_error_json`); the connection closes after it."""
+    fields.update(status=503, shutdown=True)
+    response = web.Response(
+        status=503,
+        body=_error_json(request, "loopguard is shutting down", "proxy_shutdown", 503),
+        content_type="application/json",
+    )
+    response.force_close()
+    return response
+
+
+async def _until_grace_over(app: web.Application, send: Callable[[], Any]) -> aiohttp.ClientResponse | None:
+    """``await send()`` (the upstream's response headers), or None when a shutdown's grace
+    period ended first (its send was cancelled, :func:`serve_forever`)."""
+    task = asyncio.ensure_future(send())
+    pending = app[PENDING_KEY]
+    pending.add(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if app[GRACE_OVER_KEY].is_set() and task.cancelled() and not (current and current.cancelling()):
+            return None  # the shutdown, not the agent, ended it
+        raise
+    finally:
+        pending.discard(task)
+
+
+async def _proxy(request: web.Request) -> web.StreamResponse:
     app = request.app
     rt = _rt(request)  # this request's config and guards, whatever a reload does meanwhile
     st = app[STATS_KEY]
     st.requests += 1
+    if _declared_too_large(request):  # said by Content-Length: no need to read it first
+        return _too_large_response(request)
     try:
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return _body_timeout_response(request, exc.received)
     except web.HTTPRequestEntityTooLarge:
-        limit = app[CONFIG_KEY].upstream.max_body_mb
-        log.warning(  # the request line's fields, as for any request
-            "request",
-            method=request.method,
-            path=request.path,
-            conversation=None,
-            model=None,
-            stream=None,
-            rewritten=False,
-            actions=[],
-            status=413,
-            too_large=True,
-        )
-        return web.Response(
-            status=413,
-            body=_error_json(
-                request,
-                f"loopguard: request body over {limit:g} MiB (upstream.max_body_mb)",
-                "request_too_large",
-                413,
-            ),
-            content_type="application/json",
-        )
+        return _too_large_response(request)
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -500,7 +661,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if decision.actions:
             _record_incidents(app, decision)
 
-    url = forward.upstream_url(app[UPSTREAM_KEY][0], request.raw_path)
+    url = forward.upstream_url(app[UPSTREAM_KEY][0], forward.origin_form(request.raw_path))
     headers = forward.filter_headers(request.headers.items(), forward.REQUEST_DROP)
     streamed = _as_stream(request, decision)
     fields = {
@@ -516,7 +677,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         st.unguarded[decision.unguarded] += 1
         fields["unguarded"] = decision.unguarded
         if decision.unguarded == UNKNOWN_PREVIOUS and decision.chain is not None:
-            _unknown_previous(app, decision)
+            _unknown_previous(request, decision)
     elif decision.chain is not None and decision.chain.previous is not None:
         fields["chain_items"] = decision.chain.count  # guarded over the kept chain
     t_send = time.perf_counter()
@@ -599,9 +760,11 @@ async def _forward(
     if auth and "authorization" not in headers:
         headers["Authorization"] = auth
     sent_headers = headers
-    if streamed is not None:  # an event stream loopguard must read: not compressed
-        sent_headers = headers.copy()
-        sent_headers.popall("Accept-Encoding", None)
+    if "Accept-Encoding" in headers and (
+        streamed is not None or relay.reads(_guarded(request), _rt(request).cfg)
+    ):
+        sent_headers = headers.copy()  # an answer the response side reads: asked uncompressed
+        sent_headers["Accept-Encoding"] = "identity"
 
     attempt: dict[str, bool] = {}
 
@@ -619,7 +782,7 @@ async def _forward(
 
     try:
         try:
-            upstream = await send()
+            sent = await _until_grace_over(app, send)
         except STALE_CONNECTION as exc:
             if isinstance(exc, aiohttp.ClientConnectorError) or not attempt["reused"]:
                 # no connection at all, or a fresh one the upstream read the request on and then
@@ -628,7 +791,10 @@ async def _forward(
             # a kept-alive connection the upstream closed at its idle timeout as the request went
             # out: once more, on a fresh connection (issue 14, item 10)
             fields["retried"] = True
-            upstream = await send()
+            sent = await _until_grace_over(app, send)
+        if sent is None:
+            return _shutdown_response(request, fields)
+        upstream = sent
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         if isinstance(exc, READ_TIMEOUT) and not isinstance(exc, aiohttp.ClientConnectorError):
             return _timeout_response(base, fields, st, request)
@@ -656,7 +822,7 @@ async def _forward(
             decision,
             rt.guards,
             rt.cfg,
-            _keeper(app, decision),
+            _keeper(request, decision),
             tap=CAPTURE_KEY in app and decision is not None and decision.transcript is not None,
         )
     except Exception as exc:  # fail open: relay the answer as is
@@ -711,6 +877,8 @@ async def _forward(
                 return response  # the agent had the whole answer and hung up: not a failure
             if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
                 # the shutdown's grace period ended and closed this upstream response
+                if not response.prepared:  # a buffered JSON answer: the agent has nothing yet
+                    return _shutdown_response(request, fields)
                 fields["shutdown"] = True
                 if upstream.content_type == "text/event-stream":
                     with contextlib.suppress(Exception):
@@ -803,12 +971,7 @@ async def _relay_streamed(
         if isinstance(error, asyncio.TimeoutError):
             return _timeout_response(base, fields, st)
         if app[SHUTDOWN_KEY].is_set() and upstream not in app[INFLIGHT_KEY]:
-            fields.update(shutdown=True, status=503)
-            return web.Response(
-                status=503,
-                body=_error_body("loopguard is shutting down", "proxy_shutdown", 503),
-                content_type="application/json",
-            )
+            return _shutdown_response(request, fields)
         st.upstream_errors += 1
         fields.update(status=502, upstream_error=type(error).__name__ if error else "IncompleteStream")
         return web.Response(
@@ -938,7 +1101,10 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app[UPSTREAM_KEY] = forward.split_credentials(cfg.upstream.url)
     app[STATS_KEY] = Stats()
     app[SHUTDOWN_KEY] = asyncio.Event()
+    app[GRACE_OVER_KEY] = asyncio.Event()
     app[INFLIGHT_KEY] = set()
+    app[OPEN_KEY] = set()
+    app[PENDING_KEY] = set()
     app[PREFIX_KEY] = PrefixCache(cfg.prefix_cache.max_bytes) if cfg.prefix_cache.max_bytes > 0 else None
     app[METRICS_KEY] = Metrics(app[STATS_KEY], app[PREFIX_KEY])  # type: ignore[arg-type]
     runtime = build_runtime(cfg)
@@ -957,20 +1123,25 @@ def create_app(cfg: Config, loader: Callable[[], Config] | None = None) -> web.A
     app.router.add_get("/loop-guard/healthz", healthz)
     app.router.add_get("/loop-guard/metrics", metrics)
     app.router.add_post("/loop-guard/reload", reload_handler)
-    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler, expect_handler=_expect)
     return app
 
 
-async def start(cfg: Config, loader: Callable[[], Config] | None = None) -> tuple[web.AppRunner, int]:
+async def start(
+    cfg: Config, loader: Callable[[], Config] | None = None, shutdown_timeout_s: float | None = None
+) -> tuple[web.AppRunner, int]:
     """Start serving ``cfg`` on ``cfg.listen``; returns the runner and the bound port
-    (useful with port 0). Stop with ``await runner.cleanup()``. ``loader``: see :func:`create_app`."""
+    (useful with port 0). Stop with ``await runner.cleanup()``. ``loader``: see :func:`create_app`.
+    ``shutdown_timeout_s``: how long ``runner.cleanup()`` lets requests in flight run (None:
+    ``listen.shutdown_grace_s``; :func:`serve_forever` runs the grace itself and gives less)."""
     runner = web.AppRunner(
         create_app(cfg, loader),
         handler_cancellation=True,
         access_log=None,
         auto_decompress=False,
         logger=SERVER_LOG,  # aiohttp's own errors, told without what the agent sent
-        shutdown_timeout=cfg.listen.shutdown_grace_s,
+        # aiohttp waits this long for a handler, then as long again after cancelling it
+        shutdown_timeout=cfg.listen.shutdown_grace_s if shutdown_timeout_s is None else shutdown_timeout_s,
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
         # an answer sent before the whole body came (a 408 after a stalled body, a 413) drains
@@ -1006,7 +1177,7 @@ async def serve_forever(
     file is logged). ``source``: the config file's path, for the startup line (None: built-in
     defaults); ``loop_name``: the event loop it runs on, for the same line. Raises OSError when
     the address cannot be bound (the CLI says so in one line, exit 2)."""
-    runner, port = await start(cfg, loader)
+    runner, port = await start(cfg, loader, shutdown_timeout_s=FINISH_S)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -1027,19 +1198,33 @@ async def serve_forever(
         state=forward.redact_url(cfg.state.backend),
         event_loop=loop_name,
     )
+    if not cfg.admin_token:
+        log.warning(
+            "admin_loopback_only",
+            routes=sorted(LOOPBACK_ONLY),
+            note="admin_token is not set: these routes answer loopback clients only (403 to others); "
+            "set admin_token to reach them from elsewhere (a container's published port included)",
+        )
     try:
         await stop.wait()
-        log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[INFLIGHT_KEY]))
+        log.info("shutting_down", grace_s=cfg.listen.shutdown_grace_s, in_flight=len(app[OPEN_KEY]))
         app[SHUTDOWN_KEY].set()
         for site in list(runner.sites):
             await site.stop()  # no new connections
         deadline = time.monotonic() + cfg.listen.shutdown_grace_s
-        while app[INFLIGHT_KEY] and time.monotonic() < deadline:
+        while app[OPEN_KEY] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for upstream in list(app[INFLIGHT_KEY]):  # the grace is over: end what is still running
+        # the grace is over: end what is still running; a request still waiting for the
+        # upstream's headers gets a 503, a stream its error event (their handlers answer)
+        app[GRACE_OVER_KEY].set()
+        for task in list(app[PENDING_KEY]):
+            task.cancel()
+        for upstream in list(app[INFLIGHT_KEY]):
             app[INFLIGHT_KEY].discard(upstream)
             upstream.close()
-        await asyncio.sleep(0.05)  # let those handlers write their error event and log line
+        finish = time.monotonic() + FINISH_S
+        while app[OPEN_KEY] and time.monotonic() < finish:
+            await asyncio.sleep(0.02)  # their answers and log lines
     finally:
         await runner.cleanup()
         log.info("stopped")

@@ -96,8 +96,10 @@ Previous = Callable[[str], Entry | None]
 class RedisBackend:
     """:class:`proxy.request.shared.Backend` on Redis (the ``redis`` package's asyncio client).
 
-    Keys (all under ``state.prefix``): ``conv:<key>`` a conversation's state (expires
-    :data:`proxy.request.state.TTL_MS` after its last write), ``resp:<id>`` an entry's description
+    Keys (all under ``state.prefix``): ``conv:<key>`` a conversation's state, by its fixed-size
+    key (:func:`proxy.request.conversation.key_digest`, the same on every replica; expires
+    :data:`proxy.request.state.TTL_MS` after its last write), ``resp:<key>`` an entry's description
+    (by :func:`proxy.request.response_store.store_key`: the credential's and the id's digest)
     and ``seg:<digest>`` its segments (expire ``responses_store.max_age_s`` after their last write;
     null = never: bound them with Redis's ``maxmemory``), ``incident:<kind>:<agent>`` a claim,
     hash ``stats`` each replica's counters."""

@@ -27,7 +27,9 @@ bottom of the ladder):
   on that target got nothing new and this one repeats it with at most small changes to its
   arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher`
   ratio over their first :data:`SIMILAR_CHARS` characters): a drifting repeat, not a new approach
-  (a rewritten edit of the same file is a new approach and is not stopped).
+  (a rewritten edit of the same file is a new approach and is not stopped). A cancelled call
+  (:func:`proxy.failures.cancelled`: it never ran) is neither: never withheld, and it neither
+  adds a result nor counts as progress.
 - This is what ends loops whose arguments drift (a small model's escaping noise, reminder text
   echoed into the arguments), which exact-match rules never see as repeats: the reminders of the
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
@@ -47,6 +49,7 @@ from proxy.actions import Action, Remind, Withhold
 from proxy.canonical import canonical_arguments
 from proxy.effects import EditLedger, Situations
 from proxy.episodes import EpisodeCounter
+from proxy.failures import cancelled
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized
 from proxy.ops.config import EscalationConfig
@@ -193,7 +196,9 @@ class Escalation:
         on: tuple[str, str | None],
     ) -> bool:
         """Whether ``call`` got nothing new on its target (``track``), updating the track and the
-        episode's ``edits``."""
+        episode's ``edits`` (not for a cancelled call: it got nothing at all)."""
+        if cancelled(call.result):
+            return False
         if known(call.result):
             assert call.result is not None
             shape = agents.failure_shape(call.name, call.result.text)

@@ -14,7 +14,9 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
   one before (masked, :mod:`proxy.progress`), or the same failure (the same failure shape of an
   agent's tool, :func:`proxy.agents.failure_shape`: a Claude Code edit whose old text is missing
   echoes that text, so every error differs), and nothing in between changed the situation
-  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it.
+  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it. A
+  cancelled call (:func:`proxy.failures.cancelled`: it never ran, its sibling failed) neither
+  goes on nor ends a run: nine edits cancelled together are not nine edits with one result.
 - A successful edit with a new change (:class:`proxy.effects.EditLedger`: not the same edit again,
   not one undoing an earlier edit) is progress, even when its result is a constant success line
   ("The file … has been updated successfully."): it starts a new run, at 1.
@@ -24,6 +26,10 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
   only in a ``description`` never gets both reminders, which would contradict each other: found by
   a new user's Claude Code tryout, issue 12). A result not known yet (the response side's
   look-ahead) is judged by the previous pair.
+- The reminder goes after the step, so it is decided at the step's last call: a threshold reached
+  earlier in the step (parallel calls) is reminded about then, with the run's length and last
+  arguments at that call, if the run is still going; a run that ended inside the step is not
+  reminded about (what the reminder would say is no longer true of the calls before it).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from proxy.actions import Action, Delivery
 from proxy.canonical import canonical_arguments
 from proxy.effects import EditLedger, EpochCounter, Situations
 from proxy.episodes import EpisodeCounter
+from proxy.failures import cancelled
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
@@ -114,13 +121,15 @@ class SameTarget:
             turn = s.episodes.of(transcript, call.position)
             if turn != s.turn:  # a new episode: no run goes on across it
                 s.turn = turn
-                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same, s.due = 0, False, None, None, False, 0
                 s.edits = self._situations.edit_ledger()
+            if cancelled(call.result):
+                continue
             on = memoized(
                 self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments, c.arguments_raw)
             )
             if on[1] is None:
-                s.run, s.varied, s.prev, s.prev_on, s.prev_same = 0, False, None, None, False
+                s.run, s.varied, s.prev, s.prev_on, s.prev_same, s.due = 0, False, None, None, False, 0
                 continue
             prev = calls[s.prev] if s.prev is not None else None
             same = False
@@ -141,11 +150,14 @@ class SameTarget:
                 s.varied = s.varied or self._same_call(call) != self._same_call(prev)
                 s.shape = shape or s.shape
             else:
-                s.run, s.varied, s.shape = 1, False, None
+                s.run, s.varied, s.shape, s.due = 1, False, None, 0
             s.prev, s.prev_on, s.prev_same = call.seq, on, same
             run = s.run
-            if run not in self._thresholds or not s.varied:
+            if run in self._thresholds and s.varied:
+                s.due = run  # the threshold reached, reminded about at the step's last call
+            if not s.due or call.seq != transcript.steps[call.step].calls[-1]:
                 continue
+            limit, s.due = s.due, 0
             tool, target = on
             subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
             text = (TEXT if s.shape is None else FAILED_TEXT).format(
@@ -155,7 +167,7 @@ class SameTarget:
                 arguments=preview(_args(call), PREVIEW_CHARS),
                 error=preview(s.shape or "", PREVIEW_CHARS),
             )
-            action = remind_after_step(transcript, call, text, RULE, run, run, self._delivery)
+            action = remind_after_step(transcript, call, text, RULE, run, limit, self._delivery)
             if action is not None:
                 actions.append(action)
         return actions
@@ -173,10 +185,12 @@ class SameTargetState:
     episode counters, the current episode (``turn``), its edits (``edits``) and its run: its
     length (``run``), whether its arguments differed (``varied``), the failure shape its results
     shared when they were not all the same (``shape``), its last call (``prev``, a ``seq``; None
-    after a call without a target), what that call was on (``prev_on``) and whether it continued
-    the run (``prev_same``). Mutable; :meth:`copy` is independent."""
+    after a call without a target), what that call was on (``prev_on``), whether it continued
+    the run (``prev_same``) and the threshold it reached that is still to be reminded about at the
+    end of the step (``due``, 0: none). Mutable; :meth:`copy` is independent."""
 
     __slots__ = (
+        "due",
         "edits",
         "episodes",
         "epochs",
@@ -202,10 +216,11 @@ class SameTargetState:
         self.prev: int | None = None
         self.prev_on: tuple[str, str | None] | None = None
         self.prev_same = False
+        self.due = 0
 
     def copy(self) -> SameTargetState:
         out = SameTargetState(self.epochs.copy(), self.episodes.copy(), self.edits.copy())
         out.next, out.turn, out.run, out.varied = self.next, self.turn, self.run, self.varied
-        out.shape = self.shape
+        out.shape, out.due = self.shape, self.due
         out.prev, out.prev_on, out.prev_same = self.prev, self.prev_on, self.prev_same
         return out

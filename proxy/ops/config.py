@@ -921,14 +921,50 @@ def config_errors(path: str | Path) -> tuple[Config | None, list[ConfigError]]:
     return (None if errors else cfg), errors
 
 
+def _duplicate_keys(node: yaml.Node, path: str = "") -> Iterator[ConfigError]:
+    """A :class:`ConfigError` for each key that appears twice in one mapping of ``node`` (YAML
+    itself lets the last one win silently: a second ``admin_token:`` further down would replace
+    the first without a word), naming its dotted path and both lines."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            key = f"{path}.{name}" if path else str(name)
+            line = key_node.start_mark.line + 1
+            if name is not None and name in seen:
+                yield ConfigError(key, f"appears twice (lines {seen[name]} and {line}); keep one")
+            elif name is not None:
+                seen[name] = line
+            yield from _duplicate_keys(value_node, key)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicate_keys(item, f"{path}[{i}]")
+
+
 def _read(path: str | Path) -> Any:
+    """The YAML document of the file at ``path``. Raises :class:`ConfigError`: ``<file>`` when
+    it cannot be read, is not YAML, or holds no document at all (empty, or comments only: a file
+    truncated or emptied by mistake must not quietly mean "all defaults", which would drop
+    ``admin_token``; ``{}`` says that on purpose); the key's path when a key appears twice in
+    one mapping."""
     try:
         with Path(path).open(encoding="utf-8") as f:
-            return yaml.safe_load(f)  # a stream, so YAML errors name the file
+            loader = yaml.SafeLoader(f)  # a stream, so YAML errors name the file
+            try:
+                node = loader.get_single_node()
+                if node is not None:
+                    for error in _duplicate_keys(node):
+                        raise error
+                data = loader.construct_document(node) if node is not None else None
+            finally:
+                loader.dispose()
     except OSError as e:
         raise ConfigError("<file>", f"cannot read {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
         raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from e
+    if data is None:
+        raise ConfigError("<file>", f"{path} holds no settings (empty); write {{}} for all defaults")
+    return data
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -946,6 +982,9 @@ def load_config(path: str | Path | None) -> Config:
 #: sized at start, the state backend's connection, the incident log's file. A reload whose file
 #: changes one of them is rejected, naming the keys (restart to change them).
 RESTART_ONLY = (
+    # the one credential of the admin routes: a reload re-reads a file anyone who can write it
+    # (or empty it) controls, and must never open or move the door it is asked through
+    "admin_token",
     "listen",
     "upstream",
     "responses_store",

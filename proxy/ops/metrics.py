@@ -12,7 +12,10 @@ actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, i
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
-:mod:`proxy.request.response_store`), ``loopguard_internal_errors_total`` (fail-open events),
+:mod:`proxy.request.response_store`), ``loopguard_unguarded_responses_total{reason}`` (answers the
+response side was to read and relayed unread: ``content_encoding``, ``content_type``,
+``too_large``, ``internal_error``; :data:`proxy.edge.relay.UNREAD_REASONS`),
+``loopguard_internal_errors_total`` (fail-open events),
 ``loopguard_upstream_errors_total``, ``loopguard_disconnects_total`` (agents that went away
 before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-state backend
 calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
@@ -80,6 +83,14 @@ class _StatsCollector(Collector):
         for reason, n in sorted(self._stats.unguarded.items()):
             unguarded.add_metric([reason], n)
         yield unguarded
+        unread = CounterMetricFamily(
+            "loopguard_unguarded_responses",
+            "Answers the response side was to read and relayed unread, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self._stats.unguarded_responses.items()):
+            unread.add_metric([reason], n)
+        yield unread
         backend = CounterMetricFamily(
             "loopguard_state_backend_errors",
             "Shared-state backend (Redis) operations that failed open, by operation.",

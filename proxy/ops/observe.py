@@ -171,6 +171,9 @@ class Stats:
     withhold_kinds: Counter[str] = field(default_factory=Counter)
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)
     unguarded: Counter[str] = field(default_factory=Counter)
+    #: answers the response side was to read and relayed unread, per reason
+    #: (:data:`proxy.edge.relay.UNREAD_REASONS`)
+    unguarded_responses: Counter[str] = field(default_factory=Counter)
     incidents: deque[Incident] = field(default_factory=lambda: deque(maxlen=RECENT_INCIDENTS))
     #: shared-state backend operations that failed open, per operation (``state.backend``,
     #: :mod:`proxy.edge.shared_state`: ``fetch``, ``save_state``, ``save_entry``, ``claim_incident``, …)
@@ -236,6 +239,7 @@ class Stats:
             "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut", "repair")},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
+            "unguarded_responses": dict(sorted(self.unguarded_responses.items())),
             "state_backend_errors": dict(sorted(self.backend_errors.items())),
             "incidents": [i.as_dict() for i in self.incidents],
         }

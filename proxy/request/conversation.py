@@ -8,15 +8,42 @@ incident records do. Order: the first configured header present (default ``x-ses
 first user message and the id of the first tool call (a chat ``tool_calls`` entry, a Responses
 call item, a Messages ``tool_use`` block). The history is the chat or Messages ``messages`` or the
 Responses ``input`` (items). The same conversation keeps its key as it grows.
+
+A key a header or ``prompt_cache_key`` gives is used as its digest (:func:`key_digest`,
+``id-<16 hex>``): an agent chooses that value and may send megabytes of it, and the key names
+an entry in every per-conversation table (the state store, the prefix cache, the incident
+de-duplication, Redis) and is written on every log line, so only its fixed-size digest is. The
+digest is a plain SHA-256 (no per-process salt), so every replica computes the same one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.dialects import jsonbody
+
+#: The shape of a digest this module writes (``id-`` a given key's, ``fp-`` a fingerprint).
+DIGEST = re.compile(r"(?:id|fp)-[0-9a-f]{16}")
+
+
+def key_digest(value: str) -> str:
+    """The fixed-size key (19 characters) of a conversation key an agent gave (a header,
+    ``prompt_cache_key``, or the ``?conversation=`` of ``GET /loop-guard``): ``id-`` + the first
+    16 hex digits of SHA-256 over its UTF-8 bytes; a value that already is a digest (an operator
+    pasting the key from a log line) is itself.
+
+    >>> key_digest("sess-1")
+    'id-abe633f3a47a2758'
+    >>> key_digest("id-abe633f3a47a2758")
+    'id-abe633f3a47a2758'
+    """
+    if DIGEST.fullmatch(value):
+        return value
+    raw = value.encode("utf-8", "surrogatepass")
+    return f"id-{hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
@@ -88,16 +115,17 @@ def _system_text(system: Any) -> str | None:
 
 
 def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequence[str]) -> str:
-    """Key of the conversation a request belongs to (a header value, ``prompt_cache_key``, or
-    ``fp-<16 hex>``). ``headers`` must be case-insensitive (aiohttp's are)."""
+    """Key of the conversation a request belongs to: ``id-<16 hex>`` (:func:`key_digest` of a
+    header value or ``prompt_cache_key``), ``fp-<16 hex>``, or ``unknown``. ``headers`` must be
+    case-insensitive (aiohttp's are)."""
     for name in header_names:
         value = headers.get(name)
         if value:
-            return value
+            return key_digest(value)
     if isinstance(body, dict):
         pck = body.get("prompt_cache_key")
         if isinstance(pck, str) and pck:
-            return pck
+            return key_digest(pck)
         messages = body.get("messages")
         if "messages" not in body:
             messages = body.get("input")

@@ -41,6 +41,14 @@ response id seen in an upstream answer, an :class:`Entry`:
   (``unguarded{reason="unknown_previous_response"}``); it is logged once per chain: the answer's
   id joins the *lost* ids, and a request continuing a lost id is counted but not logged again.
 
+- **One credential's chains**: the server keys each entry by :func:`store_key`, a digest of the
+  request's credential headers (:data:`CREDENTIAL_HEADERS`) and the response id, never by the id
+  alone: an upstream keeps a tenant's responses for that tenant, so a request under another
+  credential that names tenant A's id must not get A's history injected into its guarded
+  transcript. To it the id is unknown, as it is to the upstream. Neither the credential nor the id
+  is held (an id the agent chooses may be megabytes long): the keys and the lost ids are
+  fixed-size digests, the same on every replica.
+
 Bounds (:class:`proxy.ops.config.ResponsesStoreConfig`), the least recently used entry dropped
 first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the
 entries of one chain share their byte strings, which count once: a chain of 100 responses over
@@ -52,9 +60,10 @@ default). Not thread-safe: the server uses it from its event loop only.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +83,24 @@ MAX_LOST = 4096
 #: Answer statuses whose response a server keeps and a later request may continue.
 KEPT_STATUSES = frozenset(("completed", "incomplete"))
 CALL_OUTPUT = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+#: The request headers that name the tenant (OpenAI's bearer token, Azure's ``api-key``,
+#: Anthropic's ``x-api-key``), lower-case: together they scope a kept response.
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+def store_key(headers: Mapping[str, str], rid: str) -> str:
+    """The key of response ``rid`` kept for the credential of a request with ``headers``
+    (case-insensitive, as aiohttp's are): ``r-`` + the first 32 hex digits of SHA-256 over each
+    :data:`CREDENTIAL_HEADERS` value (length-prefixed, empty when absent) and then ``rid``. The
+    same credential and id give the same key on every replica; another credential gives
+    another key."""
+    h = hashlib.sha256()
+    for name in CREDENTIAL_HEADERS:
+        value = (headers.get(name) or "").encode("utf-8", "surrogatepass")
+        h.update(len(value).to_bytes(8, "big"))
+        h.update(value)
+    h.update(rid.encode("utf-8", "surrogatepass"))
+    return f"r-{h.hexdigest()[:32]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,15 +339,16 @@ class ResponseStore:
         while len(self._lost) > MAX_LOST:
             self._lost.popitem(last=False)
 
-    def after_answer(self, chain: Chain, answer: Answer) -> bool:
-        """Record the upstream's ``answer`` to a request with ``chain``. Returns True when an entry
-        was kept."""
+    def after_answer(self, chain: Chain, answer: Answer, key: str | None = None) -> bool:
+        """Record the upstream's ``answer`` to a request with ``chain``, under ``key`` (the
+        server's :func:`store_key`; None: the response id). Returns True when an entry was kept."""
+        key = answer.response_id if key is None else key
         if chain.lost:
-            self.lose(answer.response_id)
+            self.lose(key)
             return False
         if not chain.keep:
             return False
-        return self.put(answer.response_id, entry_of(chain, answer))
+        return self.put(key, entry_of(chain, answer))
 
     def snapshot(self) -> dict[str, int]:
         """For ``GET /loop-guard``: entries and bytes held, entries kept and evicted since start."""

@@ -10,12 +10,14 @@ This module holds that, keyed by the conversation key (DESIGN §4):
   first-seen time, the first-seen time of the turn's last assistant text, new narration marks,
   the turn-guard ledger summary for ``GET /loop-guard?conversation=``).
 - :class:`StateStore`: the bounded in-memory store. Limits: at most :data:`MAX_CONVERSATIONS`
-  conversations (least recently used dropped first) and :data:`TTL_MS` since a conversation's
-  last request; per conversation, the first-seen times of the newest :data:`MAX_TURNS` turns
-  and the newest :data:`MAX_NARRATIONS` narration marks (older marks are no longer
-  re-injected; 32 marks are over two hours of silent work at the default 240 s). Measured: a
-  conversation costs about 3 KB, at most about 10 KB with all 32 marks, so a full store stays
-  around 30 MB and under 100 MB.
+  conversations and :data:`MAX_BYTES` in all (:func:`state_size`; the ledger names call targets
+  an agent chooses and can be large), least recently used dropped first (a conversation alone
+  over the budget is not kept), and :data:`TTL_MS` since a conversation's last request; keys
+  are fixed-size digests (:func:`proxy.request.conversation.key_digest`). Per conversation, the
+  first-seen times of the newest :data:`MAX_TURNS` turns and the newest :data:`MAX_NARRATIONS`
+  narration marks (older marks are no longer re-injected; 32 marks are over two hours of silent
+  work at the default 240 s). Measured: a conversation costs about 3 KB, at most about 10 KB
+  with all 32 marks, so a full store stays around 30 MB and under 100 MB.
 
 Nothing here survives a restart: narration timing then starts over, and narration reminders
 injected before the restart are not re-injected (the upstream's prefix cache is invalidated once
@@ -36,6 +38,14 @@ MAX_CONVERSATIONS = 10_000
 TTL_MS = 24 * 60 * 60 * 1000
 MAX_TURNS = 16
 MAX_NARRATIONS = 32
+#: The bytes :func:`state_size` may count over all conversations held.
+MAX_BYTES = 64 * 1024 * 1024
+#: What :func:`state_size` counts for a conversation's containers (its dataclass, dicts and the
+#: store's entry), and for each of its times and narration marks: bytes, a rough estimate of
+#: CPython's share (the measured 3 KB a conversation costs is mostly its ledger).
+ENTRY_OVERHEAD = 600
+TIME_BYTES = 120
+MARK_BYTES = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,42 +104,71 @@ def observe(
     return ConversationState(turns, texts, narrations, ledger, now_ms)
 
 
+def state_size(key: str, state: ConversationState) -> int:
+    """The bytes one conversation is counted for in :class:`StateStore`: its key, its ledger,
+    :data:`ENTRY_OVERHEAD`, :data:`TIME_BYTES` per first-seen time and :data:`MARK_BYTES` per
+    narration mark (an estimate of what CPython holds for it)."""
+    ledger = len(state.ledger) if state.ledger is not None else 0
+    times = len(state.turns) + len(state.texts)
+    return ENTRY_OVERHEAD + len(key) + ledger + TIME_BYTES * times + MARK_BYTES * len(state.narrations)
+
+
 class StateStore:
-    """Bounded LRU + TTL map from conversation key to :class:`ConversationState`."""
+    """Bounded LRU + TTL map from conversation key to :class:`ConversationState`: at most
+    ``max_conversations`` of them and ``max_bytes`` (:func:`state_size`) in all."""
 
-    __slots__ = ("_items", "max_conversations", "ttl_ms")
+    __slots__ = ("_bytes", "_items", "max_bytes", "max_conversations", "ttl_ms")
 
-    def __init__(self, max_conversations: int = MAX_CONVERSATIONS, ttl_ms: int = TTL_MS) -> None:
+    def __init__(
+        self, max_conversations: int = MAX_CONVERSATIONS, ttl_ms: int = TTL_MS, max_bytes: int = MAX_BYTES
+    ) -> None:
         self.max_conversations = max_conversations
         self.ttl_ms = ttl_ms
-        self._items: OrderedDict[str, ConversationState] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[ConversationState, int]] = OrderedDict()
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def size(self) -> int:
+        """The bytes counted (:func:`state_size`) for the conversations held."""
+        return self._bytes
+
+    def _drop(self, key: str) -> None:
+        _, size = self._items.pop(key)
+        self._bytes -= size
 
     def _expired(self, state: ConversationState, now_ms: int) -> bool:
         return now_ms - state.seen_ms > self.ttl_ms
 
     def get(self, key: str, now_ms: int) -> ConversationState | None:
         """The state of ``key``, or None when unknown or expired (an expired one is dropped)."""
-        state = self._items.get(key)
-        if state is None:
+        held = self._items.get(key)
+        if held is None:
             return None
-        if self._expired(state, now_ms):
-            del self._items[key]
+        if self._expired(held[0], now_ms):
+            self._drop(key)
             return None
         self._items.move_to_end(key)
-        return state
+        return held[0]
 
     def put(self, key: str, state: ConversationState) -> None:
         """Store ``state`` (its ``seen_ms`` is the time of the request) and drop the least
-        recently used conversations beyond the size limit, and expired ones at the old end."""
-        self._items[key] = state
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_conversations:
-            self._items.popitem(last=False)
+        recently used conversations beyond the count and byte limits, and expired ones at the
+        old end. A conversation alone over ``max_bytes`` is not kept (and its older state goes)."""
+        if key in self._items:
+            self._drop(key)
+        size = state_size(key, state)
+        if size > self.max_bytes:
+            return
+        self._items[key] = (state, size)
+        self._bytes += size
+        while len(self._items) > self.max_conversations or self._bytes > self.max_bytes:
+            self._drop(next(iter(self._items)))
         while self._items:
-            oldest_key, oldest = next(iter(self._items.items()))
+            oldest_key, (oldest, _) = next(iter(self._items.items()))
             if not self._expired(oldest, state.seen_ms):
                 break
-            del self._items[oldest_key]
+            self._drop(oldest_key)

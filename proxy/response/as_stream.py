@@ -178,6 +178,8 @@ class Assembly:
             self._event(ev.data)
 
     def finish(self) -> None:
+        for ev in self._framer.end():  # the last event, when a bare CR that was the last byte ended it
+            self._event(ev.data)
         self._framer.finish()  # an unterminated last event is not an event
 
     def _event(self, data: str | None) -> None:

@@ -229,8 +229,8 @@ class ResponsesStreamGuard(FramedGuard):
     # --- events -----------------------------------------------------------------------------------
 
     def _event(self, ev: SSEEvent, out: bytearray) -> None:
-        if ev.data is None:
-            self._hold_or_emit(_Held(ev.raw), out)
+        if ev.data is None:  # a comment (``: ping``), a stray blank line, ``id:``/``retry:`` alone
+            self._hold_or_emit(_Held(ev.raw), False, out)
             return
         try:
             obj = jsonbody.decode(ev.data)
@@ -527,7 +527,12 @@ class ResponseCapture:
                 self._off = True
                 self._body.clear()
             return
-        for ev in self._framer.feed(chunk):
+        self._read(self._framer.feed(chunk))
+        if self._framer.pending > MAX_EVENT_BYTES:
+            self._off = True
+
+    def _read(self, events: list[SSEEvent]) -> None:
+        for ev in events:
             if ev.data is None or (ev.event is not None and ev.event not in _FINAL):
                 continue  # named events other than the final ones are not decoded
             try:
@@ -538,12 +543,15 @@ class ResponseCapture:
                 self.complete = True
                 self.answer = answer_of(obj.get("response"))
                 return
-        if self._framer.pending > MAX_EVENT_BYTES:
-            self._off = True
 
     def finish(self) -> None:
-        """The body ended (JSON: decode it)."""
-        if self._off or self._framer is not None or self.answer is not None:
+        """The body ended (JSON: decode it; SSE: its last event, when a bare CR ended it)."""
+        if self._off or self.answer is not None:
+            return
+        if self._framer is not None:
+            if self._inflate is not None:
+                self._read(self._framer.feed(self._inflate.flush()))
+            self._read(self._framer.end())
             return
         if self._inflate is not None:
             self._body += self._inflate.flush()

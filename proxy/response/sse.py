@@ -1,10 +1,11 @@
 """Incremental Server-Sent Events framer: bytes in, events out, each with its exact raw bytes.
 
 Sans-I/O: :meth:`SSEFramer.feed` takes whatever the socket delivered and returns the events that
-became complete; :meth:`SSEFramer.finish` returns the bytes of an unfinished event at the end of
-the stream. Concatenating every event's ``raw`` and the ``finish()`` tail gives back exactly the
-input, whatever the read boundaries, so a relay can forward events untouched (byte-exact
-passthrough) while reading them.
+became complete; at the end of the stream :meth:`SSEFramer.end` returns the event the end
+completes (its blank line ended by a CR that was the last byte), then :meth:`SSEFramer.finish`
+the bytes of an unfinished event. Concatenating every event's ``raw`` and the ``finish()`` tail
+gives back exactly the input, whatever the read boundaries, so a relay can forward events
+untouched (byte-exact passthrough) while reading them.
 
 Framing follows the WHATWG event-stream rules: lines end with CRLF, LF or CR (mixed in one stream
 too); a blank line ends an event; a line starting with ``:`` is a comment (``: keep-alive``,
@@ -12,7 +13,9 @@ too); a blank line ends an event; a line starting with ``:`` is a comment (``: k
 ``data: x`` are the same); ``data`` lines are joined with LF; a UTF-8 BOM at the very start is
 ignored. Lines are decoded only once complete, so a multi-byte UTF-8 character split across reads
 is decoded whole; invalid UTF-8 becomes U+FFFD in the parsed fields (``raw`` is untouched). A CR
-at the end of a read is held until the next byte shows whether it starts a CRLF.
+at the end of a read is held until the next byte shows whether it starts a CRLF (so which bytes
+make an event never depends on the read boundaries); at the end of the stream it is a line end
+(:meth:`SSEFramer.end`), so a stream whose lines end in bare CR has its last event read too.
 
 Why not a library: the team rule is libraries over hand-rolled framing, and the candidates were
 checked. httpx-sse's ``SSEDecoder`` (and the OpenAI SDK's private copy of it) decodes *text lines*
@@ -95,6 +98,23 @@ class SSEFramer:
             self._scan -= start
         self._pos = pos
         return out
+
+    def end(self) -> list[SSEEvent]:
+        """The stream ended: a CR held at the end of the last read ends its line (no byte can
+        follow to make it a CRLF). Returns the event that completes (a blank line: at most one);
+        :meth:`finish` then gives the bytes still unfinished."""
+        buf = self._buf
+        last = len(buf) - 1
+        if last < self._pos or buf[last] != 0x0D or self._scan != last:
+            return []
+        line = buf[self._pos : last]
+        self._pos = self._scan = len(buf)
+        if line:
+            self._line(line.decode("utf-8", "replace"))
+            return []  # an event without its blank line is never dispatched
+        event = SSEEvent(bytes(buf), self._joined(), self._event)
+        self.finish()
+        return [event]
 
     def finish(self) -> bytes:
         """The stream ended: the bytes of the unfinished event, if any (never dispatched, as the

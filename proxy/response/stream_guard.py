@@ -131,7 +131,18 @@ class FramedGuard:
     ``_write(held, out)``, which writes each unchanged or as the decisions rewrote it
     (:meth:`_release`)."""
 
-    __slots__ = ("_cfg", "_framer", "_held", "_judge", "_state", "actions", "complete", "received", "settled")
+    __slots__ = (
+        "_cfg",
+        "_framer",
+        "_held",
+        "_judge",
+        "_state",
+        "actions",
+        "complete",
+        "received",
+        "settled",
+        "unread",
+    )
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         self._cfg = cfg
@@ -147,6 +158,8 @@ class FramedGuard:
         #: from then on it only relays, or the guard's own cut). False at the end of the upstream's
         #: body means the answer stopped short (issue 14, item 11).
         self.complete = False
+        #: why the rest of the stream went out unread (``too_large``), None: all of it was read
+        self.unread: str | None = None
 
     @property
     def aborted(self) -> bool:
@@ -172,6 +185,7 @@ class FramedGuard:
                 return Output(bytes(out), abort=True)
         if self._state == "inspect" and self._framer.pending > MAX_EVENT_BYTES:
             self.complete = True  # not ours to judge any more
+            self.unread = "too_large"
             self._give_up(out)  # an event too big to read: everything goes out unread from here
         if self._state == "pass":
             self._emit(self._framer.finish(), out)
@@ -182,6 +196,11 @@ class FramedGuard:
         if self._state == "done":
             return b""
         out = bytearray()
+        for ev in self._framer.end() if self._state == "inspect" else ():
+            self._event(ev, out)  # the last event, when a bare CR that was the last byte ended it
+            if self._state == "done":
+                self.settled = self.received
+                return bytes(out)
         if self._state == "inspect":
             self._end_of_stream(out)
         self._emit(self._framer.finish(), out)
