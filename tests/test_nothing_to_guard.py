@@ -65,7 +65,8 @@ def _dump(obj: Any) -> bytes:
         ({"model": "m", "input": [{"type": "function_call", "name": "f"}]}, False),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, False),
         ({"model": "m", "input": [{"type": "custom_tool_call", "name": "f"}]}, False),
-        ({"model": "m", "input": [{"type": "local_shell_call"}]}, False),
+        # not a call the Responses dialect reads (CALL_TYPES): the full read finds none either
+        ({"model": "m", "input": [{"type": "local_shell_call"}]}, True),
         ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, False),
         ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, False),
         # Messages blocks
@@ -134,6 +135,7 @@ PLAIN_BODIES: list[tuple[bytes, Dialect]] = [
         ),
         anthropic_messages,
     ),  # type: ignore[list-item]
+    (_dump({"model": "m", "input": [{"type": "local_shell_call", "call_id": "c1"}]}), openai_responses),  # type: ignore[list-item]
     (b"not json", openai_chat),  # type: ignore[list-item]
     (b"[1, 2]", openai_chat),  # type: ignore[list-item]
     (_dump({"model": "m", "messages": "hi"}), openai_chat),  # type: ignore[list-item]
