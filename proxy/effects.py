@@ -22,6 +22,9 @@ Rules:
   (:func:`proxy.failures.cancelled`: it never ran), and it is *novel*: no earlier call with the
   same tool and canonical arguments got the same result (masked, :mod:`proxy.progress`). A second
   identical write with the same result leaves the state as the first one did.
+- A call that waits on a running process (:func:`proxy.waits.is_wait`) changes the situation:
+  time passed while the process ran, so a status check after it is not a repeat of the one
+  before it.
 - :func:`epochs` numbers the situations: ``before[i]`` is how many calls changed the situation
   before call *i*; ``after[i]`` includes call *i* itself. A later call *C* repeats an earlier
   call *P* "with nothing in between that could have changed it" when ``before[C] == after[P]``.
@@ -45,6 +48,7 @@ from proxy.patterns import NamePatterns
 from proxy.progress import DEFAULT_MASKS, Masks, same_result
 from proxy.targets import COMMAND_ARGS, own_command, subcommand
 from proxy.transcript import ToolCall, Transcript
+from proxy.waits import is_wait
 
 #: Words of a tool name that mark it as reading (with none of :data:`WRITE_VERBS`).
 READ_VERBS = frozenset(
@@ -409,7 +413,9 @@ def epochs(
     n = 0
     for call in calls:
         before.append(n)
-        if effects(call):
+        if is_wait(call):  # time passed while a process ran: what it changed may show now
+            n += 1
+        elif effects(call):
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw))
             results = seen.get(key)
             if call.result is None or call.result.pending:  # judged by the previous pair
@@ -449,7 +455,9 @@ class EpochCounter:
         """Number ``call``, the next one in conversation order."""
         rule = self._rule
         self.before.append(self.n)
-        if rule.effects(call):
+        if is_wait(call):  # as in :func:`epochs`
+            self.n += 1
+        elif rule.effects(call):
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw))
             results = self.seen.get(key)
             if call.result is None or call.result.pending:  # judged by the previous pair

@@ -10,6 +10,8 @@ request* starts: a user message that is not a continuation.
   ``progress.continuation_patterns`` (:data:`DEFAULT_CONTINUATION_PATTERNS`: short replies that
   ask for nothing new, compaction summaries, harness format errors; searched with ``re.match``
   from the text's start).
+- A harness's format-error reply (:mod:`proxy.harness_replies`) is always a continuation,
+  whatever the patterns say: it is the harness asking again, not a person.
 - :func:`episodes` numbers each call's episode. The progress-aware loop rules (repeat_reminder's
   chain, recurrence, cycles, repeated_failure, same_target, echo_loop) count per episode, so the
   same calls with the same results on both sides of a "continue" are one loop; a new result on
@@ -25,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from proxy.harness_replies import is_harness_reply
 from proxy.transcript import Transcript
 
 #: User messages that continue the work rather than ask for something new.
@@ -59,7 +62,7 @@ class ContinuationRule:
 
     def __call__(self, text: str) -> bool:
         stripped = text.strip()
-        return any(p.match(stripped) for p in self._compiled)
+        return is_harness_reply(stripped) or any(p.match(stripped) for p in self._compiled)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ContinuationRule) and other.patterns == self.patterns

@@ -103,6 +103,9 @@ class Transcript:
     #: the request's ``tool_choice`` as sent (None: absent), for the repair of calls written as
     #: text in the answer (:mod:`proxy.response.repair`)
     tool_choice: Any = field(default=None, compare=False, hash=False)
+    #: the result shapes of the fenced text actions the history shows a harness executing
+    #: (:mod:`proxy.dialects.text_actions`; empty: none), for reading the answer's action
+    action_shapes: frozenset[str] = field(default=frozenset(), compare=False, hash=False)
 
     def is_fresh(self, step: int) -> bool:
         """True when actions on ``step`` are new decisions rather than re-derived ones."""
@@ -119,6 +122,7 @@ def build(
     said: Sequence[Said],
     tools: Mapping[str, Any] | None = None,
     tool_choice: Any = None,
+    action_shapes: frozenset[str] = frozenset(),
 ) -> Transcript:
     """A :class:`Transcript` from a dialect's parse state (:class:`proxy.dialects.fold.FoldState`):
     its built calls and steps, in order, shared rather than copied (they are frozen)."""
@@ -132,4 +136,5 @@ def build(
         said=tuple(said),
         tools=tools,
         tool_choice=tool_choice,
+        action_shapes=action_shapes,
     )

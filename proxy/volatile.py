@@ -31,8 +31,9 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     # hex ids (git SHAs, container and request ids): 0x-prefixed, or 7+ hex digits mixing letters and digits
     r"(?i:\b0x[0-9a-f]+\b)",
     r"(?i:\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b)",
-    # process ids: pid 4242, PID: 4242, pid=4242
-    r"(?i:\bpid\b[\s:=#]*\d+)",
+    # process ids: pid 4242, PID: 4242, pid=4242, and process group ids: Gemini CLI ends every
+    # shell result with "Process Group PGID: 4242"
+    r"(?i:\bp(?:g)?id\b[\s:=#]*\d+)",
     # line numbers and counts that shift when a file is edited above them (issue 10, defect 7):
     # "(90 lines total)", "(216 more lines above)", a traceback's `File "x.py", line 19` and
     # `(x.py, line 5)`, "error at/on line 5", a linter's `x.py:12:5:`. What the line says is never

@@ -34,7 +34,8 @@ the fixture converted to input items posted to ``/v1/responses``, each answer a 
 object or its SSE events, and what reached the upstream read back as chat messages, so that the
 reading above and the call numbers are the same; :func:`compare` lists the fixtures on which the
 proxy acted differently in the two forms (issue 11). Likewise in Anthropic Messages
-(``dialect="messages"``, :class:`MessagesWire`; issue 12).
+(``dialect="messages"``, :class:`MessagesWire`; issue 12) and the Gemini API (``dialect="gemini"``,
+:class:`GeminiWire`).
 
 Run ``python -m tests.corpus [--stream] [--config FILE] [--dialect responses | --compare]`` to
 print the gate table (or the differences between the two dialects).
@@ -62,7 +63,7 @@ from proxy.edge.server import start
 from proxy.ops import replay as replay_files
 from proxy.ops.config import Config, ListenConfig, build
 from proxy.ops.observe import configure_logging
-from tests import messages_blocks, responses_items, text_form
+from tests import gemini_contents, messages_blocks, responses_items, text_form
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURES = ROOT / "tests" / "fixtures" / "loops"
@@ -264,7 +265,7 @@ class FakeModel:
         body = orjson.loads(await request.read())
         self.received.append(body)
         reply = self.reply
-        if body.get("stream"):
+        if isinstance(reply, list) or (reply is None and body.get("stream")):  # Gemini: by the path
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for ev in reply if isinstance(reply, list) else sse_body(self.answer):
@@ -463,6 +464,10 @@ class ChatWire:
         self.messages: list[dict[str, Any]] = fixture["messages"]
         self.tools = fixture.get("tools")
 
+    def url_path(self, stream: bool) -> str:
+        """The path (and query) the request is posted to."""
+        return self.path
+
     def request(self, i: int, stream: bool) -> dict[str, Any]:
         """The agent's request before assistant message ``i``."""
         body: dict[str, Any] = {"model": "corpus-model", "messages": self.messages[:i], "stream": stream}
@@ -553,6 +558,41 @@ class MessagesWire(ChatWire):
         return messages_blocks.received_content(raw, stream)
 
 
+class GeminiWire(ChatWire):
+    """The Gemini API (``POST /v1beta/models/{model}:generateContent``, and
+    ``:streamGenerateContent?alt=sse`` for SSE): the fixture converted to contents as Gemini CLI
+    sends them (:func:`tests.gemini_contents.trace_contents`: calls without ids, results paired
+    by name and order), each answer a ``GenerateContentResponse`` or its SSE events, and what
+    reached the upstream read back as chat messages
+    (:func:`tests.gemini_contents.back_to_messages`), so that the call numbers and the reading
+    are the chat replay's."""
+
+    name = "gemini"
+    path = "/v1beta/models/corpus-model:generateContent"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.traced = gemini_contents.trace_contents(self.messages)
+
+    def url_path(self, stream: bool) -> str:
+        return "/v1beta/models/corpus-model:streamGenerateContent?alt=sse" if stream else self.path
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        return self.traced.body(i, self.tools)
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        converted = self.traced.of(i) if i < len(self.messages) else message
+        if stream:
+            return gemini_contents.answer_events(converted)
+        return orjson.dumps(gemini_contents.answer_object(converted))
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return gemini_contents.back_to_messages(self.messages, self.traced, i, body)
+
+    def received(self, raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+        return gemini_contents.received_content(raw, stream)
+
+
 class TextWire(ChatWire):
     """Chat completions with every call written as text (issue 13, :mod:`tests.text_form`):
     ``form`` ``hermes`` or ``xml``, results as ``tool`` messages (``results = "tool"``) or as
@@ -596,6 +636,7 @@ WIRES: dict[str, type[ChatWire]] = {
     "chat": ChatWire,
     "responses": ResponsesWire,
     "messages": MessagesWire,
+    "gemini": GeminiWire,
     "hermes": HermesWire,
     "xml": XmlWire,
     "xml_user": XmlUserWire,
@@ -673,7 +714,7 @@ async def replay(
                     model.reply = wire.answer(i, answer, stream)
                     model.received.clear()
                     async with session.post(
-                        f"{proxy_url}{wire.path}",
+                        f"{proxy_url}{wire.url_path(stream)}",
                         data=orjson.dumps(wire.request(i, stream)),
                         headers={"Content-Type": "application/json"},
                     ) as resp:

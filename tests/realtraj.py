@@ -74,10 +74,13 @@ def quiet_logs() -> Iterator[None]:
         structlog.configure(**saved)
 
 
-async def replay_runs(runs: Sequence[dict[str, Any]], stream: bool = False) -> list[Replay]:
-    """Each run replayed through a fresh proxy with the shipped default config."""
+async def replay_runs(
+    runs: Sequence[dict[str, Any]], stream: bool = False, dialect: str = "chat"
+) -> list[Replay]:
+    """Each run replayed through a fresh proxy with the shipped default config, in ``dialect``
+    (:data:`tests.corpus.WIRES`)."""
     with quiet_logs():
-        return [await replay(run, None, stream) for run in runs]
+        return [await replay(run, None, stream, dialect) for run in runs]
 
 
 # --- judging ------------------------------------------------------------------------------------------

@@ -35,12 +35,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from proxy.request.prefix_cache import FAST_MIN
@@ -94,6 +96,16 @@ Launch = Callable[[str, Path, Path], Awaitable[Any]]
 async def stats_of(base: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s, s.get(f"{base}/loop-guard") as r:
         return await r.json()
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A work root whose path has the same length on every machine and every run: the agents
+    write their working directory into each request and the tests pin the requests' sizes, which
+    pytest's own ``tmp_path`` (``…/pytest-<N>/…``, N growing run after run) would shift."""
+    root = Path(tempfile.mkdtemp(prefix="loopguard-fast-path-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 async def session(
@@ -274,7 +286,7 @@ def codex_fake() -> FakeResponses:
 async def test_codex_session_takes_the_fast_path_and_reaches_the_model_as_without_the_cache(
     upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    """Codex truncates the 20 KB output to ~10.8 KB, so its 7 bodies grow 40,504 → 105,598
+    """Codex truncates the 20 KB output to ~10.8 KB, so its 7 bodies grow 40,417 → 105,511
     bytes, the 4th on past 64 KiB; loopguard's stop ends the session at the 7th answer."""
     codex = find_codex()
 
@@ -282,7 +294,7 @@ async def test_codex_session_takes_the_fast_path_and_reaches_the_model_as_withou
         return run_codex(codex, url, "Print a greeting.", work, home)
 
     on, _ = await same_both_ways(upstream, make_proxy, tmp_path, codex_fake, launch, CODEX_VOLATILE)
-    assert sizes(on) == [40504, 51353, 62202, 73051, 83900, 94749, 105598]
+    assert sizes(on) == [40417, 51266, 62115, 72964, 83813, 94662, 105511]
     assert_resumed(on)
     assert cache_counts(on) == (6, 1, 4, 3, 0)
     assert (len(on.got), on.runs, on.returncode) == (7, 6, 0)
@@ -320,11 +332,11 @@ def claude_launch(claude: str) -> Launch:
 async def test_claude_code_session_reaches_the_model_as_without_the_cache(
     upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    """7 bodies, 49,375 → 178,792 bytes (the 2nd on past 64 KiB); loopguard's stop ends the
+    """7 bodies, 49,287 → 178,704 bytes (the 2nd on past 64 KiB); loopguard's stop ends the
     session at the 7th answer (the cache counts: the next test)."""
     launch = claude_launch(find_claude())
     on, _ = await same_both_ways(upstream, make_proxy, tmp_path, claude_fake, launch, CLAUDE_VOLATILE, "")
-    assert sizes(on) == [49375, 70895, 92440, 113985, 135530, 157272, 178792]
+    assert sizes(on) == [49287, 70807, 92352, 113897, 135442, 157184, 178704]
     assert (len(on.got), on.runs, on.returncode) == (7, 6, 0)
     assert (on.stats["reminders_injected"], on.stats["results_withheld"], on.stats["stops"]) == (2, 1, 1)
 
@@ -371,7 +383,7 @@ def qwen_fake() -> FakeChat:
 async def test_qwen_code_session_takes_the_fast_path_and_reaches_the_model_as_without_the_cache(
     upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
-    """5 bodies, 71,196 → 158,160 bytes (all past 64 KiB: the first a miss, the other 4 fast
+    """5 bodies, 71,138 → 158,102 bytes (all past 64 KiB: the first a miss, the other 4 fast
     hits); Qwen Code's own guard ends the run at its 5th identical call (exit 1), after
     loopguard's reminder."""
     qwen = find_qwen()
@@ -387,7 +399,7 @@ async def test_qwen_code_session_takes_the_fast_path_and_reaches_the_model_as_wi
     on, off = await same_both_ways(upstream, make_proxy, tmp_path, fake, launch, QWEN_VOLATILE)
     assert [f.errors for f in fakes] == [[], []]
     assert [b for _, b in on.sent] == [b for _, b in off.sent]  # the agent's own bytes: no noise
-    assert sizes(on) == [71196, 92937, 114678, 136419, 158160]
+    assert sizes(on) == [71138, 92879, 114620, 136361, 158102]
     assert_resumed(on)
     assert cache_counts(on) == (4, 1, 4, 1, 0)
     assert (len(on.got), on.runs, on.returncode) == (5, 4, 1)

@@ -377,7 +377,7 @@ def test_defaults() -> None:
         "RepeatReminder",
         "CircuitBreaker",
         *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # issue 7
-        *("SameTarget", "Escalation"),  # issue 10
+        *("SameTarget", "Waiting", "Escalation"),  # issue 10; a long wait's reminder
     ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.dialects import openai_chat
-from tests import messages_blocks
+from tests import gemini_contents, messages_blocks
 from tests.corpus import WIRES, Observation, Replay, Verdict, compare, judge, load_fixtures, replay, table
 from tests.responses_items import back_to_messages, trace_items
 
@@ -145,7 +145,7 @@ def _with(config: dict[str, object], guard: str, **settings: object) -> dict[str
     return {**config, "guards": guards}
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "gemini"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool, dialect: str) -> None:
     """Ten identical calls, one per message: reminders at calls 3, 5, 8 (after their results),
@@ -166,7 +166,7 @@ async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool, dia
     ]
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "gemini"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(
     stream: bool, dialect: str
@@ -189,7 +189,7 @@ async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(
     assert judge(in_time) == Verdict(True, "by call 5", "ok")
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "gemini"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_their_own(
     stream: bool, dialect: str
@@ -221,7 +221,7 @@ async def test_appended_reminders_count_at_the_steps_last_call_withholds_at_thei
     assert "- consecutive_calls: 8" in r.reminders[2].text
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "gemini"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_harness_reads_legacy_function_calls(stream: bool, dialect: str) -> None:
     """As ten identical tool calls: a withheld ``function`` message is a withhold at its call."""
@@ -247,7 +247,7 @@ async def test_harness_reads_legacy_function_calls(stream: bool, dialect: str) -
     ]
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "gemini"])
 async def test_a_degenerate_text_cut_is_a_block_on_a_legit_fixture(dialect: str) -> None:
     messages = [
         {"role": "user", "content": "write"},
@@ -468,3 +468,82 @@ async def test_every_chat_form_gets_the_same_request_side_actions_in_messages_fo
     messages = await replay(fx, config, stream, "messages")
     assert {o.kind for o in messages.observations} >= ({"remind", "withhold"} if config else {"remind"})
     assert request_side(messages) == request_side(chat)
+
+
+# --- Gemini API form ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_gemini_form_acts_at_the_same_calls_as_chat_form(stream: bool) -> None:
+    """Every fixture converted to Gemini contents as Gemini CLI sends them (calls without ids in
+    the API's answers, results paired by name and order) and replayed on
+    ``:generateContent`` / ``:streamGenerateContent?alt=sse`` (answers as
+    ``GenerateContentResponse`` objects / events): the same actions at the same calls, by the same
+    rules, as in chat form, the answer side's included, and no internal error."""
+    chat = await _all(stream)
+    got = await _all(stream, "gemini")
+    print(f"\ncorpus gate ({'sse' if stream else 'json'}), Gemini form:\n{table(got)}")
+    differences = compare(chat, got)
+    assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(
+        differences
+    )
+    assert [request_side(r)[1] for r in got] == [request_side(r)[1] for r in chat]  # the same texts
+    assert sum(len(request_side(r)[0]) for r in got) > len(FIXTURES)  # it acted: a real comparison
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=[str(fx["id"]) for fx in FIXTURES])
+def test_gemini_form_reads_back_as_the_fixture(fx: dict[str, Any]) -> None:
+    """With nothing changed on the way, every request in Gemini form reads back as the chat
+    messages it came from (the reading the comparison relies on)."""
+    messages = fx["messages"]
+    traced = gemini_contents.trace_contents(messages)
+    for i in range(len(messages) + 1):
+        assert gemini_contents.back_to_messages(messages, traced, i, traced.body(i)) == messages[:i]
+
+
+def test_every_chat_form_is_converted_to_gemini_contents() -> None:
+    traced = gemini_contents.trace_contents(_every_form(1)["messages"])
+    assert traced.system == "You are a coding agent."
+    shape = [
+        (
+            c["role"],
+            [(k, p[k].get("name") if isinstance(p[k], dict) else p[k]) for p in c["parts"] for k in p],
+        )
+        for c in traced.contents
+    ]
+    assert shape == [
+        ("user", [("text", "fix the bug")]),
+        ("model", [("text", "Reading it."), ("functionCall", "read_file"), ("functionCall", "ls")]),
+        ("user", [("functionResponse", "ls"), ("functionResponse", "read_file")]),  # paired by id
+        ("model", [("text", "Once more."), ("functionCall", "read_file"), ("functionCall", "ls")]),
+        ("user", [("functionResponse", "read_file"), ("functionResponse", "ls")]),  # no id: in order
+        ("model", [("functionCall", "read_file")]),  # legacy function_call
+        ("user", [("functionResponse", "read_file")]),
+        ("model", [("functionCall", "read_file")]),
+        ("user", [("functionResponse", "read_file")]),
+    ]
+    assert traced.units == [[1], [2], [3, 4], [5], [6, 7], [8], [9], [10], [11]]
+    assert traced.contents[2]["parts"][1]["functionResponse"]["response"] == {"output": "same"}
+    assert traced.contents[7]["parts"][0]["functionCall"]["args"] == {"path": "a"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("delivery", ["message", "tool_suffix", "default"])
+async def test_every_chat_form_acts_alike_in_gemini_form(stream: bool, delivery: str) -> None:
+    """The fixture of every chat form replayed in both dialects: the same actions at the same
+    calls (reminders, withholds, stops), with the seed guards (reminders as user contents or
+    appended to results' ``output``) and with the shipped default config."""
+    config: dict[str, Any] | None = None
+    if delivery != "default":
+        config = _with(
+            SEED, "repeat_reminder", exclude=["ls"], inject_as="user" if delivery == "message" else delivery
+        )
+        config = _with(config, "circuit_breaker", exempt=["ls"])
+    fx = _every_form(3)
+    chat = await replay(fx, config, stream)
+    got = await replay(fx, config, stream, "gemini")
+    assert {o.kind for o in got.observations} >= ({"remind", "withhold", "stop"} if config else {"remind"})
+    assert not compare([chat], [got])
+    assert [(m.call, m.upto, m.text) for m in got.reminders] == [
+        (m.call, m.upto, m.text) for m in chat.reminders
+    ]

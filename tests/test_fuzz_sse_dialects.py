@@ -43,11 +43,13 @@ from proxy.edge import relay
 from proxy.edge.server import STATS_KEY
 from proxy.ops.config import Config, build
 from proxy.response.assemble import AssembledCall
+from proxy.response.gemini_stream import GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.responses_stream import ResponsesStreamGuard
 from proxy.response.sse import SSEFramer
 from proxy.response.stream_guard import FramedGuard, StreamGuard
 from tests.fakes import repeated_call_messages, sse_events, tool_call
+from tests.gemini_contents import gemini_body
 from tests.messages_blocks import messages_body
 from tests.messages_items import message_events
 from tests.proxy_server import serve
@@ -98,6 +100,21 @@ def _chat_answer(text: str, calls: int = 2) -> list[bytes]:
     return sse_events([tool_call("read_file", ARGS, f"call_{9 + k}") for k in range(calls)], content=text)
 
 
+def _gemini_answer(text: str) -> list[bytes]:
+    """A Gemini ``alt=sse`` answer: the text in 8-character pieces, one event per call, then the
+    finishing event (compact JSON, LF line ends, as the other rows)."""
+
+    def event(parts: list[Any], finish: bool = False) -> bytes:
+        cand: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        if finish:
+            cand["finishReason"] = "STOP"
+        return b"data: " + orjson.dumps({"candidates": [cand], "modelVersion": "m"}) + b"\n\n"
+
+    call = {"functionCall": {"name": "read_file", "args": orjson.loads(ARGS)}}
+    pieces = [event([{"text": text[i : i + 8]}]) for i in range(0, len(text), 8)]
+    return [*pieces, event([call]), event([call]), event([], finish=True)]
+
+
 WIRES = [
     Wire(
         "chat",
@@ -120,7 +137,15 @@ WIRES = [
         "/v1/messages",
         lambda messages: {**messages_body(messages), "stream": True, "max_tokens": 100},
     ),
+    Wire(
+        "gemini",
+        GeminiStreamGuard,
+        _gemini_answer,
+        "/v1beta/models/m:streamGenerateContent?alt=sse",
+        gemini_body,
+    ),
 ]
+
 
 #: (id, config, judge, the answer's text, the decision on the plain stream)
 SCENARIOS = [

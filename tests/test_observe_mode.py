@@ -206,7 +206,7 @@ async def test_one_guard_observed_the_others_enforced(upstream: FakeUpstream, ca
             {"mode": "observe"},
             "circuit_breaker cycles degenerate_text echo_loop escalation monologue "
             "narration recurrence repair_text_tool_calls repeat_reminder repeated_failure runaway "
-            "same_target stop turn_guard",
+            "same_target stop turn_guard waiting",
         ),
         ({"guards": {"cycles": {"mode": "observe"}}}, "cycles"),
         ({"guards": {"turn_guard": {"mode": "observe"}}}, "narration turn_guard"),

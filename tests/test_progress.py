@@ -58,6 +58,7 @@ def r(text: str, is_error: bool | None = None, pending: bool = False) -> ToolRes
         ("container 0x7ffd3a", f"container {MASK}"),
         ("started pid 4242", f"started {MASK}"),
         ("PID: 17 exited", f"{MASK} exited"),
+        ("Output: hello\nProcess Group PGID: 16299", f"Output: hello\nProcess Group {MASK}"),
         # issue 10, defect 7: line numbers and counts that shift when a file is edited
         ("[File: /app/config.py (90 lines total)]", f"[File: /app/config.py ({MASK} lines total)]"),
         ("(216 more lines above)", f"({MASK} more lines above)"),

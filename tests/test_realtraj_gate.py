@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.corpus import Observation, Reminder, Replay
+from tests.corpus import Observation, Reminder, Replay, compare
 from tests.realtraj import (
     ENV,
     OUTCOMES,
@@ -71,6 +71,19 @@ def test_no_resolved_run_is_blocked(runs: list[dict[str, Any]], stream: bool) ->
 def test_every_reminder_says_only_true_things(runs: list[dict[str, Any]], stream: bool) -> None:
     untrue = [v.describe() for r in _replays(runs, stream) for v in fact_violations(r)]
     assert not untrue, f"{len(untrue)} untrue reminder claims:\n" + "\n".join(untrue)
+
+
+def test_the_runs_in_gemini_form_get_the_same_decisions_as_in_chat_form(runs: list[dict[str, Any]]) -> None:
+    """Every run converted to Gemini contents (:class:`tests.corpus.GeminiWire`) and replayed on
+    ``:generateContent``: the same actions at the same calls, by the same rules, with the same
+    reminder texts, as in chat form (so the precision and facts gates hold in Gemini form too)."""
+    chat = _replays(runs, False)
+    got = asyncio.run(replay_runs(runs, False, "gemini"))
+    differences = compare(chat, got)
+    assert not differences, f"{len(differences)} of {len(runs)} runs differ:\n" + "\n".join(differences)
+    texts = [[(m.call, m.upto, m.text) for m in r.reminders] for r in got]
+    assert texts == [[(m.call, m.upto, m.text) for m in r.reminders] for r in chat]
+    assert not gate_failures(got)
 
 
 # --- the table ------------------------------------------------------------------------------------------

@@ -371,10 +371,18 @@ def test_registered_after_circuit_breaker_with_narration_last() -> None:
         "narration",
         *ISSUE7_RULES,
         "same_target",
+        "waiting",
         "escalation",
     ]
     defaults = [g.name for g in build_guards(Config().guards)]
-    assert defaults == ["repeat_reminder", "circuit_breaker", *ISSUE7_RULES, "same_target", "escalation"]
+    assert defaults == [
+        "repeat_reminder",
+        "circuit_breaker",
+        *ISSUE7_RULES,
+        "same_target",
+        "waiting",
+        "escalation",
+    ]
     no_narration = build(Config, only_guard("turn_guard", narrate_after_ms=0))
     (only,) = build_guards(no_narration.guards)
     assert isinstance(only, TurnGuard) and not isinstance(only, Narration)

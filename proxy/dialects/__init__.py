@@ -4,10 +4,13 @@ actions back into it (DESIGN §2.1).
 :data:`REGISTRY` maps request path suffixes to dialects: ``/chat/completions``
 (:mod:`proxy.dialects.openai_chat`), ``/responses`` (:mod:`proxy.dialects.openai_responses`;
 its answers: :mod:`proxy.response.responses_stream`; its ``previous_response_id`` chains:
-:mod:`proxy.request.response_store`) and ``/v1/messages`` (:mod:`proxy.dialects.anthropic_messages`,
-Anthropic Messages). Every other path is plain passthrough (``/v1/messages/count_tokens``,
-``/v1/models``, …). The suffixes end in different words, so at most one matches a path and the
-order of the registry does not matter; the query string is never part of the path.
+:mod:`proxy.request.response_store`), ``/v1/messages`` (:mod:`proxy.dialects.anthropic_messages`,
+Anthropic Messages) and ``…/models/{model}:generateContent`` / ``:streamGenerateContent``
+(:mod:`proxy.dialects.gemini`, the Gemini API; a dialect with a ``matches(path)`` function is
+chosen by it instead of its suffix). Every other path is plain passthrough
+(``/v1/messages/count_tokens``, ``:countTokens``, ``/v1/models``, …). The suffixes end in different
+words, so at most one matches a path and the order of the registry does not matter; the query
+string is never part of the path.
 
 Chat and Responses read tool calls written as text in assistant messages
 (:mod:`proxy.dialects.text_calls`, issue 13) as steps like structured ones.
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from proxy.actions import Action
-from proxy.dialects import anthropic_messages, openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, gemini, openai_chat, openai_responses
 from proxy.transcript import Transcript
 
 
@@ -49,13 +52,15 @@ class Dialect(Protocol):
 
 
 #: In lookup order; the first whose ``PATH_SUFFIX`` ends the request path wins.
-REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses, anthropic_messages)  # type: ignore[assignment]
+REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses, anthropic_messages, gemini)  # type: ignore[assignment]
 
 
 def for_path(path: str) -> Dialect | None:
     """The dialect for a request path (``/v1/responses``, ``/openai/v1/chat/completions``,
-    ``/v1/messages``, …; aiohttp's ``request.path``, without the query), or None for passthrough."""
+    ``/v1/messages``, ``/v1beta/models/gemini-2.5-pro:streamGenerateContent``, …; aiohttp's
+    ``request.path``, without the query), or None for passthrough."""
     for dialect in REGISTRY:
-        if path.endswith(dialect.PATH_SUFFIX):
+        matches = getattr(dialect, "matches", None)
+        if matches(path) if matches is not None else path.endswith(dialect.PATH_SUFFIX):
             return dialect
     return None

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-from proxy.dialects import text_calls
+from proxy.dialects import text_actions, text_calls
 from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 
 _F = TypeVar("_F", bound="FoldState")
@@ -31,9 +31,27 @@ class FoldState:
     a dict with ``index``, ``position``, ``calls`` (a list), ``end`` and the dialect's own keys.
     ``users`` and ``texts`` (positions), ``said``, ``pending`` (call id → seqs of calls waiting
     for their result; no empty queues), ``turn``, ``last_kind`` (``"step"`` while the history ends
-    with a step and its results); ``tools``: the request's offered tools."""
+    with a step and its results); ``tools``: the request's offered tools. ``candidate``: the
+    latest assistant message's fenced action (its position and the action) while no other message
+    followed it; ``shapes``: the result shapes of the fenced actions read so far
+    (:mod:`proxy.dialects.text_actions`); ``broken``: a message ending in a fenced block was
+    answered by anything but a result in that shape (a person's follow-up to a code sample: no
+    harness runs these, and no fenced block is read as an action any more)."""
 
-    __slots__ = ("calls", "last_kind", "pending", "said", "steps", "texts", "tools", "turn", "users")
+    __slots__ = (
+        "broken",
+        "calls",
+        "candidate",
+        "last_kind",
+        "pending",
+        "said",
+        "shapes",
+        "steps",
+        "texts",
+        "tools",
+        "turn",
+        "users",
+    )
 
     #: a subclass's own scalar fields, copied by :meth:`copy` as they are
     EXTRA: ClassVar[tuple[str, ...]] = ()
@@ -48,6 +66,9 @@ class FoldState:
         self.pending: dict[str | None, deque[int]] = {}
         self.turn = 0
         self.last_kind = ""
+        self.candidate: tuple[int, text_actions.TextAction] | None = None
+        self.shapes: frozenset[str] = frozenset()
+        self.broken = False
 
     # --- what a dialect's feed calls ---------------------------------------------------------
 
@@ -104,8 +125,24 @@ class FoldState:
     def user_text(self, pos: int, text: str) -> None:
         """Read a user message's ``text`` at ``pos`` (chat, Responses): right after a step of calls
         written as text, ``<tool_response>`` blocks are those calls' results (one per block, in
-        order; not a user turn), else it is a user turn."""
+        order; not a user turn), and so is a smolagents ``Observation:`` after its ``Calling
+        tools:`` step (all the step's calls); right after an assistant message ending in one
+        fenced action, a message in a harness's result shape makes that message a step and is
+        its result (:mod:`proxy.dialects.text_actions`); else it is a user turn."""
+        candidate, self.candidate = self.candidate, None
+        if (
+            candidate is not None
+            and self.last_kind == "assistant"
+            and self._fenced_result(candidate, pos, text)
+        ):
+            return
         waiting = self._text_results_wanted() if self.last_kind == "step" else []
+        smolagents = waiting and self.steps[-1].get("text") == text_actions.SMOLAGENTS
+        if smolagents and text_actions.smolagents_result(text):
+            for seq in waiting:
+                self.take(self.calls[seq]["call_id"], seq)
+                self.settle(seq, ToolResult(pos, text))
+            return
         results = text_calls.tool_responses(text) if waiting and "<tool_response>" in text else None
         if results is not None:
             for part, (seq, result) in enumerate(zip(waiting, results, strict=False)):
@@ -116,6 +153,42 @@ class FoldState:
         self.users.append(pos)
         self.said.append(Said(pos, "user", text))
         self.last_kind = "user"
+
+    def text_action(self, pos: int, text: str) -> list[text_actions.TextAction] | None:
+        """Read an assistant message without structured calls (chat): a smolagents ``Calling
+        tools:`` message gives its calls (the caller makes them a step with ``text`` set to
+        :data:`~proxy.dialects.text_actions.SMOLAGENTS`); one ending in a fenced action is kept
+        as the :attr:`candidate` the next message may confirm (None returned)."""
+        if text_actions.CALLING in text:
+            found = text_actions.calling_tools(text)
+            if found is not None:
+                return found
+        if not self.broken and ("```" in text or "~~~" in text):
+            action = text_actions.fenced_action(text)
+            if action is not None:
+                self.candidate = (pos, action)
+        return None
+
+    def _fenced_result(self, candidate: tuple[int, text_actions.TextAction], pos: int, text: str) -> bool:
+        """Make ``candidate`` (the assistant message just before) a step answered by the user
+        message ``text`` at ``pos`` when it has a result shape; False (nothing changed) else."""
+        shape = text_actions.action_result(text)
+        at, action = candidate
+        if shape is None or (self.shapes and shape not in self.shapes):
+            self.broken = True
+            return False
+        if not self.said or self.said[-1].position != at:
+            return False
+        self.said[-1] = Said(at, "assistant", action.text, True)
+        if not action.text and self.texts and self.texts[-1] == at:
+            self.texts.pop()
+        self.new_step(at, text=text_actions.FENCED)
+        seq = self.new_call(None, action.name, action.arguments, action.arguments, at)
+        self.take(None, seq)
+        self.settle(seq, ToolResult(pos, text))
+        self.shapes = self.shapes | {shape}
+        self.last_kind = "step"
+        return True
 
     def _text_results_wanted(self) -> list[int]:
         """The seqs of the latest step's calls still without a result, when it is a text step."""
@@ -170,6 +243,9 @@ class FoldState:
         out.pending = {k: deque(v) for k, v in self.pending.items()}
         out.turn = self.turn
         out.last_kind = self.last_kind
+        out.candidate = self.candidate
+        out.shapes = self.shapes
+        out.broken = self.broken
         for name in self.EXTRA:
             setattr(out, name, getattr(self, name))
         return out
@@ -186,4 +262,15 @@ class FoldState:
             s = steps[i]
             steps[i] = Step(s["index"], s["position"], tuple(s["calls"]), s["end"])
         newest = len(steps) - 1 if steps and self.last_kind == "step" else None
-        return build(calls, steps, self.users, self.texts, count, newest, self.said, self.tools, tool_choice)
+        return build(
+            calls,
+            steps,
+            self.users,
+            self.texts,
+            count,
+            newest,
+            self.said,
+            self.tools,
+            tool_choice,
+            frozenset() if self.broken else self.shapes,
+        )

@@ -38,7 +38,7 @@ from typing import Any
 
 from proxy.actions import Action, Withhold
 from proxy.canonical import parse_arguments
-from proxy.dialects import edits, jsonbody, text_calls
+from proxy.dialects import edits, jsonbody, text_actions, text_calls
 from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript
@@ -92,6 +92,8 @@ class Fold(FoldState):
             raise DialectError(f"message {pos} is not an object")
         calls, steps = self.calls, self.steps
         role = msg.get("role")
+        if role != "user":
+            self.candidate = None
         if role == "user":
             self.user_text(pos, content_text(msg.get("content")))
         elif role == "assistant":
@@ -113,6 +115,7 @@ class Fold(FoldState):
             if not entries and isinstance(fc, dict):
                 entries.append((None, fc.get("name"), fc.get("arguments")))
             written = None
+            acted = None
             if not entries and ("<tool_call>" in text or "<function=" in text):
                 written = text_calls.find_calls(text, self.tools)
             if written is not None:  # calls written as text (issue 13)
@@ -120,9 +123,17 @@ class Fold(FoldState):
                 text = written.text
                 if self.texts and self.texts[-1] == pos and not text.strip():
                     self.texts.pop()
+            elif not entries:  # a harness's text actions (smolagents), or a fenced candidate
+                acted = self.text_action(pos, text)
+                if acted is not None:
+                    entries = [(a.call_id, a.name, a.arguments) for a in acted]
+                    text = acted[0].text
+                    if self.texts and self.texts[-1] == pos and not text.strip():
+                        self.texts.pop()
             self.said.append(Said(pos, "assistant", text, bool(entries)))
             if entries:
-                self.new_step(pos, text=written is not None)
+                mark: bool | str = text_actions.SMOLAGENTS if acted is not None else written is not None
+                self.new_step(pos, text=mark)
                 for cid, name, raw in entries:
                     self.new_call(cid, name if isinstance(name, str) else "", raw, parse_arguments(raw), pos)
                 self.last_kind = "step"

@@ -330,15 +330,32 @@ def response_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _flat(tools: list[Any]) -> list[Any]:
+    """Chat and Responses tools as they are; a Gemini tool's ``functionDeclarations`` each as one
+    tool (``parametersJsonSchema``, what Gemini CLI sends, read as ``parameters``)."""
+    out: list[Any] = []
+    for t in tools:
+        declared = t.get("functionDeclarations") if isinstance(t, dict) else None
+        if not isinstance(declared, list):
+            out.append(t)
+            continue
+        for d in declared:
+            if isinstance(d, dict) and "parameters" not in d and "parametersJsonSchema" in d:
+                d = {**d, "parameters": d["parametersJsonSchema"]}
+            out.append(d)
+    return out
+
+
 def offered_tools(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """The request's ``tools`` as name → parameters schema (chat ``{"type": "function", "function":
-    {...}}`` and the Responses API's flat ``{"type": "function", "name": …}``), None when it offers
-    none. A tool without a schema maps to ``{}``."""
+    {...}}``, the Responses API's flat ``{"type": "function", "name": …}`` and the Gemini API's
+    ``{"functionDeclarations": [{"name", "parametersJsonSchema" or "parameters"}, …]}``), None when
+    it offers none. A tool without a schema maps to ``{}``."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return None
     out: dict[str, Any] = {}
-    for t in tools:
+    for t in _flat(tools):
         if not isinstance(t, dict):
             continue
         fn = t.get("function") if isinstance(t.get("function"), dict) else t

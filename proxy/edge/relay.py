@@ -1,10 +1,12 @@
-"""The response side at the edge (aiohttp): relay a chat-completion, Responses or Messages answer
-through the guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for chat,
-:mod:`proxy.response.responses_stream` for the Responses API, :mod:`proxy.response.messages_stream`
-for Anthropic Messages).
+"""The response side at the edge (aiohttp): relay a chat-completion, Responses, Messages or Gemini
+answer through the guards (:mod:`proxy.response.stream_guard` / :mod:`proxy.response.decide` for
+chat, :mod:`proxy.response.responses_stream` for the Responses API,
+:mod:`proxy.response.messages_stream` for Anthropic Messages, :mod:`proxy.response.gemini_stream`
+for the Gemini API).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
-``POST …/responses`` and ``POST …/messages`` with status 200,
+``POST …/responses``, ``POST …/messages`` and Gemini's ``…:generateContent`` /
+``…:streamGenerateContent?alt=sse`` with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``
 (``identity`` aside). So that answers come readable, the agent's ``Accept-Encoding`` on those
 requests goes upstream as ``identity`` while the response side is on (:func:`reads`; no header is
@@ -59,7 +61,7 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
-from proxy.response import messages_stream, repair
+from proxy.response import gemini_stream, messages_stream, repair
 from proxy.response import responses_stream as responses_answer
 from proxy.response.as_stream import Assembly
 from proxy.response.decide import (
@@ -70,6 +72,7 @@ from proxy.response.decide import (
     earlier_stops,
     observed_actions,
 )
+from proxy.response.gemini_stream import GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
@@ -95,8 +98,8 @@ class ResponseSide:
     kind: str  # "sse" | "json" | "observe" (read for the store only, relayed unchanged)
     cfg: Config
     judge: StopJudge | None
-    #: the answer's wire: ``chat`` (chat completions), ``responses`` (the Responses API) or
-    #: ``messages`` (Anthropic Messages)
+    #: the answer's wire: ``chat`` (chat completions), ``responses`` (the Responses API),
+    #: ``messages`` (Anthropic Messages) or ``gemini`` (the Gemini API)
     wire: str = "chat"
     actions: list[Action] = field(default_factory=list)
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
@@ -236,6 +239,8 @@ class Shadow:
                 _, actions, _ = responses_answer.decide_json_answer(bytes(self._body), self._judge, self._cfg)
             elif not self._failed and self._wire == "messages":
                 _, actions = messages_stream.decide_json(bytes(self._body), self._judge, self._cfg)
+            elif not self._failed and self._wire == "gemini":
+                _, actions = gemini_stream.decide_json(bytes(self._body), self._judge, self._cfg)
             elif not self._failed:
                 _, actions = decide_json(bytes(self._body), self._judge, self._cfg, self._repair)
         except Exception as exc:
@@ -254,7 +259,8 @@ def plan(
     tap: bool = False,
 ) -> ResponseSide | None:
     """The response side for this upstream response, or None for plain passthrough. ``guarded``:
-    the answer's wire (``"chat"``, ``"responses"``, ``"messages"``; True means chat), or False/None.
+    the answer's wire (``"chat"``, ``"responses"``, ``"messages"``, ``"gemini"``; True means chat),
+    or False/None.
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
     ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
     side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
@@ -367,6 +373,7 @@ def failed(stats: Stats, where: str, exc: Exception) -> None:
 _STREAM_GUARDS: dict[str, type[FramedGuard]] = {
     "responses": ResponsesStreamGuard,
     "messages": MessagesStreamGuard,
+    "gemini": GeminiStreamGuard,
 }
 
 
@@ -474,6 +481,8 @@ async def relay_json(
             await side.settle()
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
+        elif side.wire == "gemini":
+            new, actions = gemini_stream.decide_json(raw, side.judge, side.cfg)
         else:
             new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)

@@ -27,6 +27,7 @@ import structlog
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
+from proxy.guards.stop_note import stop_note_for
 from proxy.ops.config import Config, restart_keys
 from proxy.request.memory import Memory
 
@@ -65,7 +66,11 @@ def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
     """The :class:`Runtime` of ``cfg``; after ``previous`` (a reload), over its state store and
     clock. Raises what :func:`proxy.guards.build_guards` raises (nothing for a checked config)."""
     guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
+        cfg.guards,
+        cfg.progress.compiled(),
+        cfg.progress.effects(),
+        cfg.progress.continuations(),
+        stop_note_for(cfg),
     )
     if previous is None:
         memory = Memory(guards)

@@ -7,10 +7,12 @@ or 405 (:func:`_own_miss`: never forwarded, it would carry the admin token upstr
 path and method is forwarded to the upstream (:mod:`proxy.edge.forward`). Without
 ``admin_token`` the routes that show conversations answer loopback peers only
 (:data:`LOOPBACK_ONLY`). ``POST …/chat/completions``,
-``…/responses`` and ``…/v1/messages`` (Anthropic Messages) bodies go through the guards first
+``…/responses``, ``…/v1/messages`` (Anthropic Messages) and ``…/models/{m}:generateContent`` /
+``:streamGenerateContent`` (Gemini) bodies go through the guards first
 (:func:`proxy.request.rewrite.decide_request`, :data:`proxy.dialects.REGISTRY`). Every header,
-``x-api-key``, ``authorization``, ``anthropic-version`` and ``anthropic-beta`` included, goes
-upstream as it came (hop-by-hop ones aside) and is never logged.
+``x-api-key``, ``authorization``, ``x-goog-api-key``, ``anthropic-version`` and ``anthropic-beta``
+included, goes upstream as it came (hop-by-hop ones aside) and is never logged; so does the query
+string (Gemini's ``?key=``), which the log line leaves out (it logs ``request.path``).
 
 Behaviour at the edge:
 - The upstream response is relayed with its status and headers (minus hop-by-hop) and its body
@@ -78,7 +80,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler  # what every rout
 from multidict import CIMultiDict
 
 from proxy import dialects
-from proxy.dialects import anthropic_messages, jsonbody, openai_chat, openai_responses
+from proxy.dialects import anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
 from proxy.edge import connections, forward, relay
 from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
 from proxy.edge.shared_state import SharedState
@@ -408,13 +410,17 @@ def _dialect(request: web.Request) -> dialects.Dialect | None:
 
 
 def _guarded(request: web.Request) -> str | None:
-    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``), or
-    None."""
+    """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``,
+    ``gemini``), or None. A Gemini ``:streamGenerateContent`` without ``alt=sse`` answers one JSON
+    array that streams: relayed unread (:mod:`proxy.response.gemini_stream`)."""
     dialect = _dialect(request)
     if dialect is openai_chat:
         return "chat"
     if dialect is anthropic_messages:
         return "messages"
+    if dialect is gemini:
+        streamed = gemini.is_stream(request.path)
+        return "gemini" if not streamed or request.query.get("alt") == "sse" else None
     return "responses" if dialect is openai_responses else None
 
 
@@ -671,6 +677,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
         "model": decision.model,
         "stream": decision.stream,
         "rewritten": decision.changed,
+        **(gemini.log_fields(request.path) if dialect is gemini else {}),
         "actions": [action_summary(a) for a in decision.actions if a.fresh],
     }
     if decision.unguarded:  # a chat request the guards could not read: counted, said in the log
@@ -706,6 +713,8 @@ def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> Non
     """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
     app = request.app
     cfg = _rt(request).cfg
+    if _dialect(request) is gemini:
+        return  # capture and replay read chat, Responses and Messages histories
     try:
         upstream_answer = request.get(UPSTREAM_ANSWER)
         data = capture.line(

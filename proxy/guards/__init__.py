@@ -27,6 +27,7 @@ from proxy.guards.repeated_failure import RepeatedFailure
 from proxy.guards.resume import context_for
 from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
+from proxy.guards.waiting import Waiting
 from proxy.ops.config import GuardsConfig
 from proxy.progress import DEFAULT_MASKS, Masks
 from proxy.request.state import ConversationState
@@ -58,13 +59,17 @@ def build_guards(
     masks: Masks = DEFAULT_MASKS,
     effects: EffectRule | None = None,
     continuations: ContinuationRule | None = None,
+    stop_note: Guard | None = None,
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
-    issue-7 rules, and last ``escalation`` (it reads the reminders of the guards before it).
+    issue-7 rules, ``waiting`` (a long wait's reminder), and last ``escalation`` (it reads the
+    reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
     (:mod:`proxy.effects`); ``continuations``: which user messages do not start a new episode
-    (:mod:`proxy.episodes`); all for guards with ``progress_aware``."""
+    (:mod:`proxy.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
+    note on harness replies (:func:`proxy.guards.stop_note.stop_note_for`; last: it reads every
+    other guard's withheld results)."""
     turn = cfg.turn_guard
     inject = cfg.repeat_reminder.inject_as
     targets = TargetRule(overrides=turn.targets)
@@ -97,10 +102,14 @@ def build_guards(
             cfg.same_target.enabled,
             lambda: SameTarget(cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args),
         ),
+        (cfg.waiting.enabled, lambda: Waiting(cfg.waiting, inject, situations)),
         # issue 10: last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
-    return tuple(make() for enabled, make in registry if enabled)
+    guards = tuple(make() for enabled, make in registry if enabled)
+    # the note only speaks of withheld results: without a guard that withholds it has nothing
+    withholding = any(getattr(g, "withholds", True) for g in guards)
+    return (*guards, stop_note) if stop_note is not None and withholding else guards
 
 
 def evaluate(

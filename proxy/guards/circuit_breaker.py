@@ -55,6 +55,7 @@ from proxy.ops.config import CircuitBreakerConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge, same_result
 from proxy.transcript import ToolResult, Transcript
+from proxy.waits import is_wait
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
@@ -121,6 +122,11 @@ class CircuitBreaker:
         calls = transcript.calls
         for call in unread(s, calls, upto):
             if not self.guarded(call.name):  # unguarded calls are ignored entirely: no situation
+                continue
+            if is_wait(call):  # waiting is not looping (proxy.waits): never counted nor denied,
+                if judge is not None and s.epochs is not None:  # but time passed
+                    s.epochs.add(call)
+                    s.guarded += 1
                 continue
             key = (
                 call.name,

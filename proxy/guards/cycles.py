@@ -40,6 +40,7 @@ from proxy.ops.config import CyclesConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, path_key, subcommand
 from proxy.transcript import ToolCall, Transcript
+from proxy.waits import is_wait
 
 RULE = "cycles"
 STEP_PREVIEW_CHARS = 120
@@ -141,7 +142,8 @@ class Cycles:
             i = s.index
             s.index += 1
             ids = s.recent
-            ids.append(self.identity(call))
+            # a wait (proxy.waits) is like no other call: time passed, no cycle goes through it
+            ids.append(("\0wait", str(call.seq)) if is_wait(call) else self.identity(call))
             if len(ids) > cfg.max_period + 1:
                 del ids[0]
             # ids[-1 - d] is the identity of the turn's call i - d (d <= max_period)

@@ -30,6 +30,7 @@ from proxy.guards.turns import known, memoized, remind_after_step
 from proxy.ops.config import EchoLoopConfig
 from proxy.progress import mask
 from proxy.transcript import ToolCall, Transcript
+from proxy.waits import is_wait
 
 RULE = "echo_loop"
 PREVIEW_CHARS = 300
@@ -122,6 +123,8 @@ class EchoLoop:
         prev = self.shape(calls[s.prev]) if s.prev is not None else None
         prev_rest: str | _Unset | None = UNSET
         for call in unread(s, calls, upto):
+            if is_wait(call):  # waiting is not looping (proxy.waits): transparent here
+                continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode: no previous call, the chain starts over
                 s.episode, s.prev, prev = episode, None, None

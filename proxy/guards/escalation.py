@@ -35,7 +35,8 @@ bottom of the ladder):
   target-based rules (repeated failures, cycles) still come, and the ladder acts on them.
 - The response side (:class:`proxy.response.decide.StopJudge`) ends the turn when, with ``stop``, an
   answer's call would be withheld by this rule again after it already withheld one in the turn
-  (since the last user message of any kind: "continue" gives the model one more chance).
+  (since the last user message of any kind: "continue" gives the model one more chance; a
+  harness's format-error reply is none, :func:`proxy.response.decide.turn_start`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from proxy.ops.config import EscalationConfig
 from proxy.progress import Masks, same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, ToolResult, Transcript
+from proxy.waits import is_wait
 
 RULE = "escalation"
 #: How alike (difflib ratio) a pending call's arguments must be to the last stale call's.
@@ -139,6 +141,8 @@ class Escalation:
         masks = self._situations.masks
         actions: list[Action] = []
         for call in unread(s, calls, upto):
+            if is_wait(call):  # waiting is not looping (proxy.waits): never withheld
+                continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
                 s.episode, s.start, s.tracks = episode, call.seq, {}
@@ -154,7 +158,7 @@ class Escalation:
                 # the first reminder on it: judge the episode's calls on it before this one
                 track = s.tracks[on] = Track()
                 for seq in range(s.start, call.seq):
-                    if self.on(calls[seq]) == on:
+                    if self.on(calls[seq]) == on and not is_wait(calls[seq]):
                         self._judge(track, calls[seq], calls, masks, s.edits, on)
             for after in afters or ():
                 i = bisect.bisect_left(track.places, after)

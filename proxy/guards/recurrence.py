@@ -27,6 +27,7 @@ from proxy.guards.turns import remind_after_step
 from proxy.ops.config import RecurrenceConfig
 from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
+from proxy.waits import is_wait
 
 RULE = "recurrence"
 PREVIEW_CHARS = 300
@@ -83,6 +84,8 @@ class Recurrence:
         for call in unread(s, calls, upto):
             if s.epochs is not None:
                 s.epochs.add(call)
+            if is_wait(call):  # waiting is not looping (proxy.waits)
+                continue
             # the turn (progress-aware: the episode, a continuation does not split it)
             group = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
             if group != s.group:

@@ -33,6 +33,7 @@ from proxy.ops.config import RepeatReminderConfig
 from proxy.patterns import NamePatterns
 from proxy.progress import RepeatJudge
 from proxy.transcript import Transcript
+from proxy.waits import is_wait
 
 RULE = "repeat_reminder"
 
@@ -101,6 +102,11 @@ class RepeatReminder:
         s = state
         for call in unread(s, calls, upto):
             if not self.tracked(call.name):  # untracked: transparent, they change no situation either
+                continue
+            if is_wait(call):  # waiting is not looping (proxy.waits): transparent to the chain,
+                if s.judge is not None and s.epochs is not None:  # but time passed
+                    s.epochs.add(call)
+                    s.index += 1
                 continue
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
             progress = False

@@ -49,6 +49,7 @@ from proxy.ops.config import SameTargetConfig
 from proxy.progress import same_result
 from proxy.targets import TargetRule, call_on
 from proxy.transcript import ToolCall, Transcript
+from proxy.waits import is_wait
 
 RULE = "same_target"
 PREVIEW_CHARS = 300
@@ -118,6 +119,8 @@ class SameTarget:
         s = state
         for call in unread(s, calls, upto):
             s.epochs.add(call)
+            if is_wait(call):  # waiting is not looping (proxy.waits); it changed the situation
+                continue
             turn = s.episodes.of(transcript, call.position)
             if turn != s.turn:  # a new episode: no run goes on across it
                 s.turn = turn

@@ -54,6 +54,7 @@ from proxy.ops.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
 from proxy.progress import RepeatJudge
 from proxy.targets import TargetRule, path_key
 from proxy.transcript import ToolCall, Transcript
+from proxy.waits import is_wait
 
 RULE = "turn_guard"
 SAME_CALL = "same_call"
@@ -259,6 +260,10 @@ class TurnGuard:
     def _read(self, t: TurnState, call: ToolCall) -> Trip | None:
         """Count ``call``, the next of ``t``'s turn; its trip, if it trips (kept in ``t``)."""
         cfg = self._cfg
+        if is_wait(call):  # waiting is not looping (proxy.waits): not counted, never tripped
+            if t.epochs is not None:  # but time passed
+                t.epochs.add(call)
+            return None
         target = self._targets(call.name, call.arguments)
         failed = self._failures(call.result) if self._failures is not None else None
         t.calls += 1
@@ -272,7 +277,7 @@ class TurnGuard:
         counted = True
         if t.judge is not None and t.epochs is not None:
             t.epochs.add(call)
-            counted = t.judge.repeats(key, call.result, index - 1) or key not in same_call
+            counted = t.judge.repeats(key, call.result, len(t.epochs.before) - 1) or key not in same_call
         if counted:
             same_call[key] += 1
         t_key, t_count = None, 0

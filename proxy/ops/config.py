@@ -452,6 +452,21 @@ class EscalationConfig:
 
 
 @dataclass(frozen=True)
+class WaitingConfig:
+    """Waiting on a running process (:mod:`proxy.guards.waiting`, DESIGN §2.2): never withheld or
+    stopped; one reminder when a wait has gone ``remind_after_ms`` (0: never) without new output,
+    by the times the conversation reports, and again at each doubling of that."""
+
+    enabled: bool = True
+    remind_after_ms: int = 1_800_000
+    #: ``enforce`` (apply) or ``observe`` (decide, log, count, change nothing): :meth:`Config.observed_rules`
+    mode: Mode = "enforce"
+
+    def check(self, path: str) -> Iterator[ConfigError]:
+        yield from _check_range(self, path, "remind_after_ms", 1000, zero_ok=True)
+
+
+@dataclass(frozen=True)
 class GuardsConfig:
     repeat_reminder: RepeatReminderConfig = field(default_factory=RepeatReminderConfig)
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
@@ -463,6 +478,7 @@ class GuardsConfig:
     echo_loop: EchoLoopConfig = field(default_factory=EchoLoopConfig)
     same_target: SameTargetConfig = field(default_factory=SameTargetConfig)
     escalation: EscalationConfig = field(default_factory=EscalationConfig)
+    waiting: WaitingConfig = field(default_factory=WaitingConfig)
 
 
 @dataclass(frozen=True)
@@ -755,6 +771,7 @@ MODE_SECTIONS: dict[str, tuple[str, ...]] = {
     "echo_loop": ("echo_loop",),
     "same_target": ("same_target",),
     "escalation": ("escalation",),
+    "waiting": ("waiting",),
 }
 #: Response-side rules: ``stop.mode`` covers stops, ``response.mode`` runaway and degenerate cuts.
 STOP_RULES = ("stop",)

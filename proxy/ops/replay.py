@@ -45,6 +45,7 @@ import orjson
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, build_guards
+from proxy.guards.stop_note import stop_note_for
 from proxy.ops.config import Config
 from proxy.request.memory import Memory
 from proxy.request.rewrite import decide_request
@@ -307,7 +308,11 @@ def _act(a: Action, call: int, side: str, exchange: int) -> Act:
 def replay(conv: Conversation, cfg: Config) -> Result:
     """Replay one conversation with ``cfg`` (fresh guards state: a new proxy process)."""
     guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
+        cfg.guards,
+        cfg.progress.compiled(),
+        cfg.progress.effects(),
+        cfg.progress.continuations(),
+        stop_note_for(cfg),
     )
     memory = Memory(guards)
     observed = cfg.observed_rules()

@@ -4,10 +4,12 @@ Decisions never need it (they are a pure function of the history); stats, narrat
 incident records do. Order: the first configured header present (default ``x-session-id``,
 ``session_id``, ``conversation_id``), else the body's ``prompt_cache_key``, else a fingerprint:
 ``fp-`` + the first 16 hex digits of SHA-256 over the first system/developer message (Responses:
-``instructions``; Anthropic Messages: the top-level ``system``, a string or text blocks), the
-first user message and the id of the first tool call (a chat ``tool_calls`` entry, a Responses
-call item, a Messages ``tool_use`` block). The history is the chat or Messages ``messages`` or the
-Responses ``input`` (items). The same conversation keeps its key as it grows.
+``instructions``; Anthropic Messages: the top-level ``system``, a string or text blocks; Gemini:
+``systemInstruction``'s text parts), the first user message (Gemini: its ``parts``) and the id of
+the first tool call (a chat ``tool_calls`` entry, a Responses call item, a Messages ``tool_use``
+block, a Gemini ``functionCall`` part: its ``id``, or the whole call when it has none). The history
+is the chat or Messages ``messages``, the Responses ``input`` (items) or the Gemini ``contents``.
+The same conversation keeps its key as it grows.
 
 A key a header or ``prompt_cache_key`` gives is used as its digest (:func:`key_digest`,
 ``id-<16 hex>``): an agent chooses that value and may send megabytes of it, and the key names
@@ -49,7 +51,7 @@ def key_digest(value: str) -> str:
 def _first(messages: list[Any], roles: tuple[str, ...]) -> Any:
     for m in messages:
         if isinstance(m, dict) and m.get("role") in roles:
-            return m.get("content")
+            return m.get("content", m.get("parts"))  # Gemini contents hold parts
     return None
 
 
@@ -67,6 +69,11 @@ def _call_id(m: Any) -> tuple[bool, Any]:
         for block in m["content"]:
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 return True, block.get("id")
+    if m.get("role") == "model" and isinstance(m.get("parts"), list):  # Gemini: functionCall
+        for part in m["parts"]:
+            call = part.get("functionCall") if isinstance(part, dict) else None
+            if isinstance(call, dict):
+                return True, call.get("id", call)
     return False, None
 
 
@@ -109,6 +116,8 @@ def _system_text(system: Any) -> str | None:
     ``cache_control``, which agents move, left out); None when there is none."""
     if isinstance(system, str):
         return system
+    if isinstance(system, dict):  # Gemini's systemInstruction: a content
+        system = system.get("parts")
     if isinstance(system, list):
         return "\n".join(b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str))
     return None
@@ -128,13 +137,13 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
             return key_digest(pck)
         messages = body.get("messages")
         if "messages" not in body:
-            messages = body.get("input")
+            messages = body.get("input", body.get("contents"))
             if isinstance(messages, str):  # Responses: one user message
                 messages = [{"role": "user", "content": messages}]
         if isinstance(messages, list):
             instructions = body.get("instructions")
             if not isinstance(instructions, str):
-                instructions = _system_text(body.get("system"))
+                instructions = _system_text(body.get("system", body.get("systemInstruction")))
             parts = [
                 instructions if instructions is not None else _first(messages, ("system", "developer")),
                 _first(messages, ("user",)),

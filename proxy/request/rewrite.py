@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.actions import Action, Remind, Withhold, applied, mark_observed
-from proxy.dialects import Dialect, anthropic_messages, jsonbody, openai_chat, openai_responses
+from proxy.dialects import Dialect, anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard
 from proxy.guards.resume import Checkpoint, evaluate_from
@@ -211,9 +211,10 @@ def _body_for(
     with edits kept from the previous request only those at or after their cut (the others are
     reused, or, when the actions there changed, found by a scan of the bytes: an item without its
     decoded hint is read from its bytes). A withheld text-call part needs its item's text, so
-    then every edited item is decoded. Messages reads every message's blocks for its positions
-    (:func:`anthropic_messages.slots`), so its body is decoded whole."""
-    if dialect is anthropic_messages:
+    then every edited item is decoded. Messages and Gemini read every message's blocks (parts)
+    for its positions (:func:`anthropic_messages.slots`, :func:`gemini.slots`), so their body is
+    decoded whole."""
+    if dialect is anthropic_messages or dialect is gemini:
         return jsonbody.decode(raw)
     withheld = [a for a in enforced if isinstance(a, Withhold)]
     since = found.edits.cut if found.edits is not None and all(a.part is None for a in withheld) else 0

@@ -17,9 +17,10 @@
     answer is only looked at when the history already ends in ``stop_at - 1`` such messages
     (``StopJudge.on_text_only``); the stream guard then holds just that choice's finish chunk.
   A user message starts a new turn (no withheld results yet), so a stopped conversation the user
-  continues is guarded afresh; the cap is never reset. The judge only runs the guards when one of
-  the two can fire (enough withheld results, or enough calls in the conversation to reach the cap),
-  so most responses cost nothing.
+  continues is guarded afresh (a harness's format-error reply is not one: :func:`turn_start`);
+  the cap is never reset. The judge only runs the guards when one of the two can fire (enough
+  withheld results, or enough calls in the conversation to reach the cap), so most responses
+  cost nothing.
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
   ignored) beyond ``max_identical_per_response``; that call and everything after it are dropped.
@@ -45,7 +46,7 @@ from typing import Any
 
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.dialects import jsonbody
+from proxy.dialects import jsonbody, text_actions
 from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard
 from proxy.guards.circuit_breaker import CAP
@@ -54,6 +55,7 @@ from proxy.guards.escalation import RULE as ESCALATION_RULE
 from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
 from proxy.guards.resume import Checkpoint, evaluate_from
+from proxy.harness_replies import is_harness_reply
 from proxy.ops.config import Config, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
@@ -141,6 +143,21 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
     return extended, {pos + 1 + i for i in range(len(new))}
 
 
+def turn_start(transcript: Transcript) -> int:
+    """Position of the user message that starts the stop ladder's current turn (-1: none): the
+    last one that is not a harness's format-error reply (:mod:`proxy.harness_replies`). A harness
+    that answers a stop with "Tool call error: no tool calls found" asks the model again; the stop
+    must hold through that, while anything a person says starts afresh."""
+    said = transcript.said
+    j = len(said) - 1
+    for pos in reversed(transcript.user_positions):
+        while j >= 0 and (said[j].position > pos or (said[j].position == pos and said[j].role != "user")):
+            j -= 1
+        if j < 0 or said[j].position != pos or not is_harness_reply(said[j].text):
+            return pos
+    return -1
+
+
 class StopJudge:
     """``judge(calls) -> Stop | None`` for one request: would these response calls end the turn?"""
 
@@ -154,6 +171,7 @@ class StopJudge:
         "_guards",
         "_monologue",
         "_transcript",
+        "action_shapes",
         "on_text_only",
         "withheld",
     )
@@ -168,6 +186,9 @@ class StopJudge:
         checkpoint: Checkpoint | None = None,
     ) -> None:
         self._transcript = transcript
+        #: the history shows a harness running fenced text actions (their result shapes): an
+        #: answer's fenced action is then judged as a call (:func:`decide_json`)
+        self.action_shapes = transcript.action_shapes
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
@@ -186,7 +207,7 @@ class StopJudge:
         #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
         #: messages with the same text): the stream guard then holds a text-only choice's finish
         self.on_text_only = self._monologue is not None and self._monologue.stop_possible(transcript)
-        last_user = transcript.user_positions[-1] if transcript.user_positions else -1
+        last_user = turn_start(transcript)
         #: withheld results in the current turn of the request (fresh and re-derived)
         self.withheld = len(
             {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
@@ -360,6 +381,17 @@ def decide_json(
                 limit = cfg.response.degenerate_text.min_repeats
                 actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
         calls = message_calls(msg)
+        if not calls and judge is not None and judge.action_shapes:
+            action = text_actions.answer_action(content_text(msg.get("content")), judge.action_shapes)
+            if action is not None:  # a fenced action of a harness that runs them
+                text_call = AssembledCall(None, action.name, jsonbody.dumps(action.arguments).decode(), 0)
+                stop = judge([text_call], action.text)
+                if stop is not None:  # the stop text instead: no action left for the harness to run
+                    actions.append(stop)
+                    msg["content"] = stop.text
+                    choice["finish_reason"] = "stop"
+                    changed = True
+                continue
         if not calls:
             stop = judge([], content_text(msg.get("content"))) if judge is not None else None
             if stop is not None:  # monologue in a text-only answer: the stop text after it
@@ -400,6 +432,23 @@ def _template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(parts) + r"\Z", re.DOTALL)
 
 
+def _gemini_message(content: Any) -> Any:
+    """A Gemini ``model`` content as the chat assistant message :func:`earlier_stops` reads (its
+    answer text; ``tool_calls`` when it has ``functionCall`` parts); other contents as they are."""
+    if (
+        not isinstance(content, dict)
+        or content.get("role") != "model"
+        or not isinstance(content.get("parts"), list)
+    ):
+        return content
+    parts = [p for p in content["parts"] if isinstance(p, dict)]
+    text = "".join(
+        p["text"] for p in parts if isinstance(p.get("text"), str) and p.get("thought") is not True
+    )
+    calls = [p for p in parts if "functionCall" in p]
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
 #: Characters JSON writes as they are (no encoder escapes them, short of a ``\\u`` escape).
 _VERBATIM = re.compile(r"[^\x20-\x7e]|[\"\\/]")
 
@@ -418,15 +467,19 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
     text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions.
     A body that holds no part of any stop text (and no JSON escape that could spell one) has
-    none, and is not decoded."""
+    none, and is not decoded; Gemini ``parts`` are joined without a separator, so a body with
+    ``parts`` is always decoded (a text could span two of them)."""
     needles = {_needle(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
-    if b"\\u" not in request_body and all(n and n not in request_body for n in needles):
+    quick = b"\\u" not in request_body and b'"parts"' not in request_body
+    if quick and all(n and n not in request_body for n in needles):
         return []
     try:
         body = jsonbody.decode(request_body)
     except jsonbody.Unreadable:
         return []
     messages = body.get("messages", body.get("input")) if isinstance(body, dict) else None
+    if isinstance(body, dict) and messages is None and isinstance(body.get("contents"), list):
+        messages = [_gemini_message(c) for c in body["contents"]]
     if not isinstance(messages, list):  # chat messages, or Responses input items
         return []
     patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
