@@ -135,7 +135,8 @@ def config_file(tmp_path: Path) -> Iterator[Path]:
 GUARDS = (
     "{'repeat_reminder': 'enforce', 'circuit_breaker': 'observe', 'recurrence': 'enforce', "
     "'cycles': 'enforce', 'repeated_failure': 'enforce', 'monologue': 'enforce', 'echo_loop': 'enforce', "
-    "'same_target': 'enforce', 'escalation': 'enforce', 'stop': 'enforce', 'response': 'enforce'}"
+    "'same_target': 'enforce', 'escalation': 'enforce', 'waiting': 'enforce', 'stop': 'enforce', "
+    "'response': 'enforce'}"
 )
 
 

@@ -76,6 +76,18 @@ def _dump(obj: Any) -> bytes:
         ({"model": "m", "messages": [{"role": "assistant", "content": '<tool_call>{"name": "r"}'}]}, False),
         ({"model": "m", "messages": [{"role": "assistant", "content": "<function=read>"}]}, False),
         ({"model": "m", "messages": [{"role": "user", "content": "<tool_response>ok"}]}, False),
+        # a fence: a harness's fenced action (text_actions); a code sample in a chat too
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "assistant", "content": "Let me look.\n```bash\nls\n```"},
+                    {"role": "user", "content": "<returncode>0</returncode>\nREADME.md"},
+                ],
+            },
+            False,
+        ),
+        ({"model": "m", "messages": [{"role": "assistant", "content": "~~~\nls\n~~~"}]}, False),
         # a word in the text is enough (conservative), and so is any JSON escape
         ({"model": "m", "messages": [{"role": "user", "content": "What is a pure function?"}]}, False),
         ({"model": "m", "messages": [{"role": "user", "content": "caf\u00e9"}]}, True),
@@ -201,7 +213,9 @@ def test_plain_request_gets_a_judge_only_when_an_answer_has_calls() -> None:
 
     d = deciders(None, (), GUARDS, Context(conversation=""), CFG, None, lazy)
     assert isinstance(d.judge, LazyJudge) and d.judge.on_text_only is False
-    assert d.judge([], "Leaves fall.") is None and reads == []
+    assert d.judge.action_shapes == decision.transcript.action_shapes == frozenset()  # type: ignore[union-attr]
+    assert d.judge([], "Leaves fall.") is None and reads == [1]
+    assert d.judge._make is not None  # a text-only answer: no StopJudge built
     full = StopJudge(decision.transcript, (), GUARDS, Context(conversation=""), CFG)  # type: ignore[arg-type]
     assert full.on_text_only is False and full([], "Leaves fall.") is None
 

@@ -14,6 +14,9 @@ dialects read:
   ``<tool_response>``);
 - ``function``: chat ``functions`` / ``function_call`` / role ``function``; Responses
   ``function_call`` / ``function_call_output``; the ``<function=…>`` text form;
+- three backticks and ``~~~``: a fence, which every action a harness writes as text needs
+  (:mod:`proxy.dialects.text_actions`: mini-swe-agent's and SWE-agent's fenced actions;
+  smolagents' ``Calling tools:`` has ``tool``);
 - ``previous_response_id`` and ``item_reference``: Responses history loopguard may hold itself;
 - ``\\u``: a JSON escape, which could spell any of the above with other bytes.
 
@@ -27,7 +30,7 @@ substring search per marker (CPython's fast search; about 1 µs per KB of body f
 from __future__ import annotations
 
 #: Byte strings whose presence anywhere in a body means it may hold something to guard.
-MARKERS = (b"tool", b"function", b"previous_response_id", b"item_reference", b"\\u")
+MARKERS = (b"tool", b"function", b"```", b"~~~", b"previous_response_id", b"item_reference", b"\\u")
 
 
 def nothing_to_guard(raw: bytes) -> bool:

@@ -552,13 +552,15 @@ class LazyJudge:
     call) and a text-only answer gets no stop. ``make`` returns None for a body the dialect
     cannot read (no judge, as for any unreadable request)."""
 
-    __slots__ = ("_judge", "_make")
+    __slots__ = ("_judge", "_make", "action_shapes")
 
     on_text_only = False
 
-    def __init__(self, make: Callable[[], StopJudge | None]) -> None:
+    def __init__(self, make: Callable[[], StopJudge | None], action_shapes: frozenset[str]) -> None:
         self._make: Callable[[], StopJudge | None] | None = make
         self._judge: StopJudge | None = None
+        #: as :attr:`StopJudge.action_shapes` (the history's harness shapes: none without a fence)
+        self.action_shapes = action_shapes
 
     def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
         if not calls:
@@ -585,8 +587,8 @@ def deciders(
     make) reads all of them and asks every guard. ``transcript`` None: no judge at all.
     ``checkpoint``: the request's (:attr:`proxy.request.rewrite.RequestDecision.checkpoint`), for
     the judges' guards to resume from. ``lazy``: instead of ``transcript``, for a request with
-    nothing to guard: what reads its transcript (None: unreadable), called only when an answer
-    has calls (:class:`LazyJudge`)."""
+    nothing to guard: what gives its transcript (None: unreadable, no judge); the judge is built
+    only when an answer has calls (:class:`LazyJudge`)."""
     observed = cfg.observed_rules()
     enforce_cfg, shadow_cfg = _split(cfg, "runaway" in observed)
     judge = shadow = None
@@ -596,11 +598,14 @@ def deciders(
             return StopJudge(transcript, actions, asked, ctx, cfg, checkpoint)
         assert lazy is not None
 
-        def make() -> StopJudge | None:
-            read = lazy()
-            return StopJudge(read, actions, asked, ctx, cfg, checkpoint) if read is not None else None
+        read = lazy()
+        if read is None:
+            return None
 
-        return LazyJudge(make)
+        def make() -> StopJudge:
+            return StopJudge(read, actions, asked, ctx, cfg, checkpoint)
+
+        return LazyJudge(make, read.action_shapes)
 
     if (transcript is not None or lazy is not None) and StopJudge.enabled(cfg):
         if "stop" not in observed:
