@@ -13,14 +13,17 @@ Processes (each its own): a fast fake upstream (``fake_upstream.py``), the load 
    reminders and denials are injected on every request;
 5. ``loopguard-nocache``: the default guards with ``prefix_cache.max_bytes_mb: 0`` (every
    history read in full, as before issue 15);
-6. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
+6. ``loopguard-uvloop``: the default guards on uvloop (``LOOPGUARD_EVENT_LOOP=uvloop``; every other
+   arm, bare included, runs on asyncio's own loop);
+7. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
    ``~/.cache/loopguard-bench`` and configured with the fake upstream as an OpenAI-compatible model.
 
 An arm that cannot be installed or started is reported as ``not run`` with the reason.
 
 Workloads, on every arm, interleaved (each round runs every arm once per workload, the arm order
 rotating every round, so machine drift hits all arms alike): ``small`` (4 KB looping chat, not
-streamed), ``agent`` (1 MiB history with ~300 tool calls, not streamed), ``stream`` (the small chat
+streamed), ``agent`` (1 MiB history with ~300 tool calls, not streamed), ``chat`` (a plain chat:
+no tools, no calls), ``stream`` (the small chat
 answered with 64 SSE events 5 ms apart), each at concurrency 1 (latency) and 16 (throughput); then
 body-size scaling (10 KB, 100 KB, 1 MB, 5 MB histories, concurrency 1), the agent session (one
 conversation growing from 10 KB to 5 MB over 120 requests, each the previous one plus the next
