@@ -17,9 +17,20 @@ Kinds:
 - ``execute``: runs a command (``Bash``, ``exec_command``, ``run_shell_command``): what it may
   change is the command's business (:func:`proxy.effects.shell_read_only`);
 - ``wait``: waits on a running process (``BashOutput``, ``TaskOutput``, Codex ``write_stdin``
-  with empty ``chars``);
+  with empty ``chars``); the tools that poll a process name it in ``Tool.poll``
+  (:data:`proxy.waits.POLLS` is read from there);
 - ``plan``: the agent's own plan or todo list (``TodoWrite``, ``update_plan``); ``delegate``: hands
   work to a sub-agent (``Task``); ``ask``: asks the user (``AskUserQuestion``, ``ExitPlanMode``).
+
+A patch run through a shell tool is an edit: Codex (codex-rs ``maybe_parse_apply_patch``)
+intercepts a shell call whose command is ``apply_patch <<'EOF' … EOF`` (optionally after ``cd
+DIR &&``), the argv ``["apply_patch", "<patch>"]`` or ``["bash", "-lc", "apply_patch <<'EOF' …"]``
+and applies the patch itself, answering as its ``apply_patch`` tool does (``apply_patch
+verification failed: …``). The pinned Codex CLI offers no edit tool to a custom model provider,
+so every edit it makes comes that way. Such a call (:func:`shell_patch`) is read as the patch it
+carries: kind ``mutate`` (:func:`kind_of`), its change and files those of the patch
+(:func:`change_of`, :func:`patched_files`), its failures shaped as ``apply_patch``'s
+(:func:`failure_shape` with the call's ``arguments``).
 
 Sources: the agents' own tool definitions (Claude Code 2.x, codex-rs, Qwen Code, opencode, Gemini
 CLI, SWE-agent / OpenHands ``str_replace_editor``) and the tool names and arguments they send in
@@ -31,7 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 Kind = Literal["read", "search", "mutate", "execute", "wait", "plan", "delegate", "ask"]
@@ -65,10 +76,16 @@ class Tool:
     pattern matches at the start of a line of the result's first lines; what it matched, with its
     named group ``echo`` (the tool's own arguments echoed back) left out, is the failure's
     *shape*: two results of one tool with the same shape are the same failure, whatever they
-    echo."""
+    echo. ``poll``: for a tool that polls a running process, (the argument naming the process,
+    the prefix of its wait key: ``("session_id", "session")`` → ``session:59664``;
+    :func:`proxy.waits.poll_of`). ``patches``: for a shell tool whose agent intercepts a patch
+    run through it (:func:`shell_patch`), the name of the agent's patch tool, whose entry reads
+    such a call."""
 
     kind: Kind
     wait_if_blank: str | None = None
+    poll: tuple[str, str] | None = None
+    patches: str | None = None
     subcommands: Mapping[str, Kind] = field(default_factory=dict)
     edit: Edit | None = None
     success: tuple[str, ...] = ()
@@ -134,7 +151,7 @@ CLAUDE_CODE = Agent(
             "mutate", edit=Edit(content="new_source"), success=(r"^Updated cell ",), failure=(_CC_ERROR,)
         ),
         "Bash": Tool("execute", failure=(_CC_ERROR,)),
-        "BashOutput": Tool("wait"),
+        "BashOutput": Tool("wait", poll=("bash_id", "task")),
         "KillShell": Tool("execute"),
         "KillBash": Tool("execute"),
         "Glob": Tool("search"),
@@ -146,7 +163,7 @@ CLAUDE_CODE = Agent(
         "TodoRead": Tool("plan"),
         "Task": Tool("delegate"),
         "Agent": Tool("delegate"),
-        "TaskOutput": Tool("wait"),
+        "TaskOutput": Tool("wait", poll=("task_id", "task")),
         "TaskCreate": Tool("plan"),
         "TaskUpdate": Tool("plan"),
         "TaskGet": Tool("plan"),
@@ -165,12 +182,12 @@ CODEX = Agent(
     "codex",
     frozenset(("apply_patch",)),
     {
-        "shell": Tool("execute"),
-        "shell_command": Tool("execute"),
-        "exec_command": Tool("execute"),
-        "local_shell": Tool("execute"),
-        "container.exec": Tool("execute"),
-        "write_stdin": Tool("execute", wait_if_blank="chars"),
+        "shell": Tool("execute", patches="apply_patch"),
+        "shell_command": Tool("execute", patches="apply_patch"),
+        "exec_command": Tool("execute", patches="apply_patch"),
+        "local_shell": Tool("execute", patches="apply_patch"),
+        "container.exec": Tool("execute", patches="apply_patch"),
+        "write_stdin": Tool("execute", wait_if_blank="chars", poll=("session_id", "session")),
         "apply_patch": Tool(
             "mutate", edit=Edit(patch="input"), success=_CODEX_PATCH_OK, failure=_CODEX_PATCH_FAILED
         ),
@@ -325,7 +342,86 @@ def kind_of(
         and _blank(arguments.get(entry.wait_if_blank))
     ):
         return "wait"
+    if entry.patches is not None and shell_patch(name, arguments, agent) is not None:
+        return "mutate"
     return entry.kind
+
+
+def polls() -> dict[str, tuple[str, str]]:
+    """Tool name → :attr:`Tool.poll` of every tool of the table that polls a running process
+    (``{"write_stdin": ("session_id", "session"), "TaskOutput": ("task_id", "task"), …}``)."""
+    return {name: entry.poll for name, entry in _by_name().items() if entry.poll is not None}
+
+
+# --- a patch run through a shell tool --------------------------------------------------------------
+
+#: The commands codex-rs runs as its patch tool (``APPLY_PATCH_COMMANDS``).
+PATCH_COMMANDS = frozenset(("apply_patch", "applypatch"))
+#: The shells whose ``-c``/``-lc`` script codex-rs looks into for a patch.
+PATCH_SHELLS = frozenset(("bash", "zsh", "sh"))
+#: The one statement codex-rs intercepts in a script (``extract_apply_patch_from_bash``):
+#: ``apply_patch <<'EOF'``, a newline, the patch, the closing word on a line of its own and
+#: nothing after it; optionally ``cd DIR &&`` first (one word or one quoted string). Anything
+#: before or after (``… EOF && echo done``) and the shell runs the script itself.
+_HEREDOC = re.compile(
+    r"\s*(?:cd[ \t]+(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"&;|<>()`$]+)[ \t]*&&[ \t]*)?"
+    r"(?:apply_patch|applypatch)[ \t]*<<-?[ \t]*(?P<q>['\"]?)(?P<tag>[A-Za-z_][\w.-]*)(?P=q)[ \t]*\n"
+    r"(?P<body>.*?)\n(?P=tag)\s*\Z",
+    re.S,
+)
+_BEGIN_PATCH = "*** Begin Patch"
+
+
+def _patch_text(text: str) -> str | None:
+    return text if text.lstrip().startswith(_BEGIN_PATCH) else None
+
+
+@lru_cache(maxsize=1024)  # an agent's old calls come back on every request
+def _heredoc_patch(script: str) -> str | None:
+    m = _HEREDOC.match(script)
+    return _patch_text(m.group("body")) if m is not None else None
+
+
+def _script_patch(value: Any) -> str | None:
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, str) for v in value):
+            return None
+        if len(value) == 2 and value[0] in PATCH_COMMANDS:  # ["apply_patch", "<patch>"]
+            return _patch_text(value[1])
+        shell = value[0].rsplit("/", 1)[-1].split(".", 1)[0].lower()
+        if len(value) != 3 or shell not in PATCH_SHELLS or value[1] not in ("-c", "-lc"):
+            return None
+        value = value[2]
+    if not isinstance(value, str) or ("apply_patch" not in value and "applypatch" not in value):
+        return None
+    return _heredoc_patch(value)
+
+
+def shell_patch(name: str, arguments: Any, agent: Agent | None = None) -> str | None:
+    """The patch text a shell call hands to its agent's patch tool (see the module docstring),
+    read from its first present ``cmd``/``command`` argument: ``exec_command {"cmd":
+    "apply_patch <<'EOF'\\n*** Begin Patch\\n…\\nEOF"}`` → ``"*** Begin Patch\\n…"``;
+    ``shell {"command": ["apply_patch", "*** Begin Patch…"]}`` and ``shell {"command": ["bash",
+    "-lc", "apply_patch <<'EOF'…"]}`` likewise. None for any other call: a tool that intercepts no
+    patch (:attr:`Tool.patches`), a command of another form, a heredoc that is not a patch (its
+    first line not ``*** Begin Patch``)."""
+    entry = tool(name, agent)
+    if entry is None or entry.patches is None or not isinstance(arguments, dict):
+        return None
+    for arg in ("cmd", "command"):
+        if arg in arguments:
+            return _script_patch(arguments[arg])
+    return None
+
+
+def runs_as(name: str, arguments: Any, agent: Agent | None = None) -> str:
+    """The tool a call is read as: a shell call that runs a patch (:func:`shell_patch`) is its
+    agent's patch tool (``exec_command`` running ``apply_patch <<'EOF' …`` → ``apply_patch``),
+    any other call its own tool ``name``."""
+    entry = tool(name, agent)
+    if entry is not None and entry.patches is not None and shell_patch(name, arguments, agent) is not None:
+        return entry.patches
+    return name
 
 
 @cache
@@ -343,12 +439,13 @@ def _head(text: str) -> str:
     return "\n".join(head.split("\n", SHAPE_LINES)[:SHAPE_LINES])
 
 
-def failure_shape(name: str, text: str, agent: Agent | None = None) -> str | None:
+def failure_shape(name: str, text: str, agent: Agent | None = None, arguments: Any = None) -> str | None:
     """The shape of ``text`` as a failure of tool ``name`` (see :class:`Tool`): the first failure
     pattern of its entry matching at a line start of the result's first :data:`SHAPE_LINES` lines,
     what it matched with its ``echo`` group left out; None when none matches (or the table does
-    not know the tool)."""
-    entry = tool(name, agent)
+    not know the tool). With the call's ``arguments``, a shell call that runs a patch is shaped
+    as its patch tool's (:func:`runs_as`)."""
+    entry = tool(runs_as(name, arguments, agent), agent)
     if entry is None or not entry.failure:
         return None
     head = _head(text)
@@ -427,10 +524,9 @@ def patch_change(text: str) -> Change:
         m = _PATCH_FILE.match(line)
         if m is not None or line.startswith("*** End Patch"):
             flush()
-            if m is not None:
-                mode, file = m.group(1), m.group(2)
-                if mode == "Delete":
-                    out.append((file, "", None))
+            mode, file = (m.group(1), m.group(2)) if m is not None else ("", "")  # End Patch: no file
+            if mode == "Delete":
+                out.append((file, "", None))
             continue
         if line.startswith("@@"):
             flush()
@@ -462,7 +558,11 @@ def change_of(name: str, arguments: Any, raw: Any, agent: Agent | None = None) -
     Qwen Code's ``old_string``), or None when the table does not say (an unknown tool, arguments
     not of the documented form): ``Edit {"old_string": "a", "new_string": "b"}`` →
     ``(("", "a", "b"),)``; a custom tool's raw patch text (``raw``) is read when its arguments
-    are not an object."""
+    are not an object. A shell call that runs a patch (:func:`shell_patch`) changes what its patch
+    changes."""
+    patch = shell_patch(name, arguments, agent)
+    if patch is not None:
+        return patch_change(patch)
     for entry in _entries(name, agent):
         if entry.edit is not None:
             change = _change(entry.edit, arguments, raw)
@@ -498,17 +598,21 @@ def undoes(change: Change, earlier: Change) -> bool:
     )
 
 
-def same_failure(name: str, a: str, b: str, agent: Agent | None = None) -> str | None:
-    """The shared shape when ``a`` and ``b`` are the same failure of tool ``name``
-    (:func:`failure_shape` of both, equal), else None."""
+def same_failure(name: str, a: str, b: str, agent: Agent | None = None, arguments: Any = None) -> str | None:
+    """The shared shape when ``a`` and ``b`` are the same failure of tool ``name`` called with
+    ``arguments`` (:func:`failure_shape` of both, equal), else None."""
+    name = runs_as(name, arguments, agent)
     shape = failure_shape(name, a, agent)
     return shape if shape is not None and failure_shape(name, b, agent) == shape else None
 
 
 def patched_files(name: str, arguments: Any, raw: Any, agent: Agent | None = None) -> tuple[str, ...]:
     """The files a call of a patch tool (an :class:`Edit` with ``patch``) names (:func:`patch_files`
-    of its patch text; a custom tool's raw input ``raw`` when its arguments are not an object);
-    empty for any other call."""
+    of its patch text; a custom tool's raw input ``raw`` when its arguments are not an object),
+    or of a shell call that runs a patch (:func:`shell_patch`); empty for any other call."""
+    patch = shell_patch(name, arguments, agent)
+    if patch is not None:
+        return patch_files(patch)
     entry = tool(name, agent)
     spec = entry.edit if entry is not None else None
     if spec is None or spec.patch is None:

@@ -176,13 +176,19 @@ def call_on(rule: TargetRule, name: str, arguments: Any, raw: Any = None) -> tup
     escalation ladder): (tool name with its :func:`subcommand`, target as :func:`path_key` for a
     path, the command text for a command; None when the call has no target). A patch tool's call
     (Codex ``apply_patch``, whose raw input ``raw`` is the patch) is on the first file its patch
-    names (:func:`proxy.agents.patched_files`)."""
+    names (:func:`proxy.agents.patched_files`), and so is a shell call that runs a patch (Codex's
+    ``exec_command {"cmd": "apply_patch <<'EOF' …"}``, :func:`proxy.agents.shell_patch`), as the
+    patch tool (:func:`proxy.agents.runs_as`): retries of one patch are calls on one target
+    however their patch text drifts, and a patch run either way is the same edit."""
     target = rule(name, arguments)
     sub = subcommand(arguments)
     tool = f"{name} {sub}" if sub else name
-    if target is None:
+    if target is None or target.is_command:
         files = agents.patched_files(name, arguments, raw)
-        return tool, (path_key(files[0]) if files else None)
+        if files:
+            return agents.runs_as(name, arguments), path_key(files[0])
+        if target is None:
+            return tool, None
     return tool, target.value if target.is_command else path_key(target.value)
 
 

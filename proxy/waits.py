@@ -48,14 +48,12 @@ import functools
 import re
 from typing import Any
 
+from proxy import agents
 from proxy.transcript import ToolCall, ToolResult
 
-#: Poll tools: name → the argument naming the process it polls (and the key prefix).
-POLLS: dict[str, tuple[str, str]] = {
-    "write_stdin": ("session_id", "session"),
-    "TaskOutput": ("task_id", "task"),
-    "BashOutput": ("bash_id", "task"),
-}
+#: Poll tools: name → the argument naming the process it polls (and the key prefix); the agents'
+#: tool table says which tools poll (:attr:`proxy.agents.Tool.poll`).
+POLLS: dict[str, tuple[str, str]] = agents.polls()
 #: Programs a sleep may run besides ``sleep`` and still only wait.
 QUIET = frozenset(("echo", "printf", "true", ":"))
 #: A result that says the process is still running (Codex; Claude Code's ``<status>``).

@@ -8,6 +8,11 @@ real server with the shipped defaults, JSON and SSE (DESIGN §2.2, :mod:`proxy.a
   so no two errors are equal): reminded after the 3rd and the 5th, the 6th result withheld, the
   7th answer stopped.
 
+Codex's patches come two ways: its ``apply_patch`` custom tool, and ``exec_command {"cmd":
+"apply_patch <<'EOF' … EOF"}``, which Codex intercepts and applies itself (the only way the pinned
+Codex CLI edits for a custom model provider); both are one edit of the patch's file, so both get
+the same actions at the same calls.
+
 The agent here is a plain loop that posts the bytes itself (so that "byte for byte" is checked on
 both sides) and runs each call as the real agent answers it.
 """
@@ -50,6 +55,9 @@ CODEX_PATCHED = (
     f"Exit code: 0\nWall time: 0 seconds\nOutput:\nSuccess. Updated the following files:\nM {FILE}\n"
 )
 TESTS_PASS = "10 passed in 0.12s"
+#: What Codex 0.171 answers an exec_command that ran a patch: its exec wrapper around the patch
+#: tool's answer (a failed patch is the patch tool's line alone).
+CODEX_SHELL_PATCHED = f"Wall time: 0.0000 seconds\nOutput:\n{CODEX_PATCHED}"
 
 
 def cc_not_found(old: str) -> str:
@@ -222,9 +230,17 @@ def cc_run(call: dict[str, Any]) -> tuple[str, bool]:
     return TESTS_PASS, False
 
 
-def codex_edits_then_tests(n: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+def codex_patch_call(old: str, new: str, via: str) -> dict[str, Any]:
+    """Codex's call of a patch, by its ``apply_patch`` tool (``via="tool"``) or its shell."""
+    if via == "tool":
+        return custom_call("apply_patch", patch(old, new))
+    cmd = f"apply_patch <<'EOF'\n{patch(old, new)}EOF\n"
+    return function_call("exec_command", orjson.dumps({"cmd": cmd}).decode())
+
+
+def codex_edits_then_tests(n: int, body: dict[str, Any], via: str = "tool") -> list[dict[str, Any]]:
     if n < 10:
-        return [custom_call("apply_patch", patch(f"value = {n}", f"value = {n + 1}"))]
+        return [codex_patch_call(f"value = {n}", f"value = {n + 1}", via)]
     if n == 10:
         return [
             function_call("exec_command", orjson.dumps({"cmd": "pytest -q", "yield_time_ms": 10000}).decode())
@@ -233,9 +249,12 @@ def codex_edits_then_tests(n: int, body: dict[str, Any]) -> list[dict[str, Any]]
 
 
 def codex_run(call: dict[str, Any]) -> tuple[str, bool]:
-    if call["name"] == "apply_patch":
-        old = call["input"].split("\n-", 1)[1].split("\n", 1)[0]
-        return (CODEX_PATCHED, False) if old.startswith("value = ") else (codex_not_found(old), True)
+    text = call["input"] if call["name"] == "apply_patch" else orjson.loads(call["arguments"])["cmd"]
+    if text.startswith(("*** Begin Patch", "apply_patch <<")):
+        old = text.split("\n-", 1)[1].split("\n", 1)[0]
+        if not old.startswith("value = "):
+            return codex_not_found(old), True
+        return (CODEX_PATCHED if call["name"] == "apply_patch" else CODEX_SHELL_PATCHED), False
     return f"Chunk ID: 4f2a\nWall time: 0.5 seconds\nProcess exited with code 0\nOutput:\n{TESTS_PASS}", False
 
 
@@ -255,11 +274,12 @@ async def test_claude_code_ten_successful_edits_of_one_file_then_tests_pass_unto
     assert (snap["per_rule"], snap["results_withheld"], snap["stops"]) == ({}, 0, 0)
 
 
+@pytest.mark.parametrize("via", ["tool", "exec_command"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_codex_ten_successful_patches_of_one_file_then_tests_pass_untouched(
-    upstream: FakeUpstream, make_proxy: ProxyFactory, stream: bool
+    upstream: FakeUpstream, make_proxy: ProxyFactory, stream: bool, via: str
 ) -> None:
-    fake = FakeResponses(codex_edits_then_tests)
+    fake = FakeResponses(lambda n, body: codex_edits_then_tests(n, body, via))
     upstream.handler = fake.handle
     base = await make_proxy()
     sent, got, history = await codex(base, stream, codex_run)
@@ -289,7 +309,11 @@ def cc_missing_text(n: int, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def codex_missing_text(n: int, body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [custom_call("apply_patch", patch(f"def handler{n}(request):", "def handler(request):"))]
+    return [codex_patch_call(f"def handler{n}(request):", "def handler(request):", "tool")]
+
+
+def codex_shell_missing_text(n: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [codex_patch_call(f"def handler{n}(request):", "def handler(request):", "exec_command")]
 
 
 def reminders_and_results(body: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -306,7 +330,7 @@ def reminders_and_results(body: dict[str, Any]) -> tuple[list[str], list[str]]:
                         reminders.append(b["text"])
         return reminders, results
     for item in body["input"]:
-        if item.get("type") == "custom_tool_call_output":
+        if item.get("type") in ("custom_tool_call_output", "function_call_output"):
             results.append(item["output"])
         elif item.get("role") == "user" and item["content"][0]["text"].startswith("[loopguard]"):
             reminders.append(item["content"][0]["text"])
@@ -315,13 +339,30 @@ def reminders_and_results(body: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize(
-    ("agent", "script", "run", "fake_of", "tool", "echo"),
+    ("agent", "script", "run", "fake_of", "tool", "called", "echo"),
     [
         pytest.param(
-            claude_code, cc_missing_text, cc_run, FakeMessages, "Edit", cc_not_found, id="claude_code"
+            claude_code, cc_missing_text, cc_run, FakeMessages, "Edit", "Edit", cc_not_found, id="claude_code"
         ),
         pytest.param(
-            codex, codex_missing_text, codex_run, FakeResponses, "apply_patch", codex_not_found, id="codex"
+            codex,
+            codex_missing_text,
+            codex_run,
+            FakeResponses,
+            "apply_patch",
+            "apply_patch",
+            codex_not_found,
+            id="codex",
+        ),
+        pytest.param(
+            codex,
+            codex_shell_missing_text,
+            codex_run,
+            FakeResponses,
+            "apply_patch",
+            "exec_command",
+            codex_not_found,
+            id="codex_exec_command",
         ),
     ],
 )
@@ -334,8 +375,11 @@ async def test_an_edit_whose_old_text_is_never_found_is_reminded_withheld_then_s
     run: Run,
     fake_of: Any,
     tool: str,
+    called: str,
     echo: Callable[[str], str],
 ) -> None:
+    """``tool`` is what the reminders say the calls were on, ``called`` the tool the model called
+    (Codex's shell, for a patch run through it)."""
     fake = fake_of(script)
     upstream.handler = fake.handle
     base = await make_proxy()
@@ -353,8 +397,8 @@ async def test_an_edit_whose_old_text_is_never_found_is_reminded_withheld_then_s
         "time, and it failed the same way each time:\n"
     )
     assert results[:5] == [echo(f"def handler{n}(request):") for n in range(5)]
-    assert results[5] == WITHHOLD_TEXT.format(count=2, subject=f"{tool} on {FILE}", tool=tool)
-    stop = ESCALATION_TEXT.format(tool=tool, limit=2)
+    assert results[5] == WITHHOLD_TEXT.format(count=2, subject=f"{tool} on {FILE}", tool=called)
+    stop = ESCALATION_TEXT.format(tool=called, limit=2)
     if agent is claude_code:
         assert history[-1] == {"role": "assistant", "content": [{"type": "text", "text": stop}]}
     else:

@@ -235,20 +235,7 @@ def assert_untouched(s: Session) -> None:
 DRIFT = [f"line {x}" for x in ("1O", "1O ", "l0", "1 O", "10.", "1o", "I0", "lO", "1 0", "10!", "1_0", "10,")]
 
 
-@pytest.mark.parametrize(
-    "agent",
-    [
-        "claude_code",
-        pytest.param(
-            "codex",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="needs the exec_command apply_patch fix: Codex's intercepted 'apply_patch <<EOF' "
-                "read as an edit of its file and its verification failure as one failure",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("agent", AGENTS)
 async def test_an_edit_never_found_with_drifting_arguments_is_withheld_then_stopped(
     agent: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
 ) -> None:

@@ -556,3 +556,25 @@ async def test_runaway_answer_is_cut_to_two_identical_calls(
     first_answer = t.responses()[0][1]
     assert b'"stop_reason":"tool_use"' in first_answer
     assert (stats["responses_cut"], stats["per_rule"].get("runaway")) == (1, 1)
+
+
+async def test_identical_parallel_reads_are_not_cut(
+    claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """Four identical ``Read`` calls in one answer (as a redacted real session has them) change
+    nothing: Claude Code gets and runs all four and sends four results; nothing is cut."""
+
+    def script(n: int, body: dict[str, Any]) -> list[Block]:
+        if n == 0:
+            return [tool_use("Read", {"file_path": str(work / "app.txt")}) for _ in range(4)]
+        return [text(FINAL)]
+
+    fake = FakeMessages(script)
+    run, t, stats = await proxied_session(claude, upstream, make_proxy, tmp_path, work, fake)
+    assert run.returncode == 0, run.stderr
+    assert (run.result()["result"], len(fake.bodies)) == (FINAL, 2)
+    calls = [b for b in fake.bodies[1]["messages"][-2]["content"] if b["type"] == "tool_use"]
+    assert [c["id"] for c in calls] == [b["id"] for b in fake.step_blocks[0]]
+    assert len(results(fake.bodies[1])) == 4
+    assert b'"stop_reason":"tool_use"' in t.responses()[0][1]
+    assert (stats["responses_cut"], stats["per_rule"].get("runaway")) == (0, None)

@@ -171,10 +171,10 @@ async def test_harness_maps_what_the_proxy_did_to_call_numbers(stream: bool, dia
 async def test_a_reminder_after_a_step_of_several_calls_counts_at_its_last_call(
     stream: bool, dialect: str
 ) -> None:
-    """Six identical parallel calls in one message: the runaway cut drops call 5 on (the first call
+    """Six identical parallel writes in one message: the runaway cut drops call 5 on (the first call
     the agent did not get); the reminders after the step (gentle at 3, detailed at 5) count at call
     6, the step's last call: the agent ran all six before the model read them."""
-    fx = _fixture([[("read_file", '{"path": "a"}', "same")] * 6])
+    fx = _fixture([[("write_file", '{"path": "a"}', "same")] * 6])
     r = await replay(fx, SEED, stream, dialect)
     assert [(o.call, o.kind, o.message, o.side, o.rules) for o in r.observations] == [
         (5, "cut", 1, "response", ("runaway",)),

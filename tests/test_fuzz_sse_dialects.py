@@ -69,8 +69,12 @@ TEXT = "Let me look at the file."
 #: degenerate text: one sentence over and over (the check's defaults need 12 copies)
 REPEATED = "I will read the file again now. " * 16
 DEFAULT = Config()
-#: the runaway cut at the second identical call (the degenerate check off: the text is healthy)
-RUNAWAY = build(Config, {"response": {"max_identical_per_response": 1}})
+#: the runaway cut at the second identical call (the degenerate check off: the text is healthy);
+#: read_file configured as state-changing, since identical read-only calls are never counted
+RUNAWAY = build(
+    Config,
+    {"response": {"max_identical_per_response": 1}, "progress": {"state_changing_tools": ["read_file"]}},
+)
 
 
 class Judge:

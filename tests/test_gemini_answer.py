@@ -26,6 +26,8 @@ from tests.gemini_contents import gemini_body
 CFG = Config()
 STOP = Stop(text="[loopguard] Stopped.", rule="stop", tool="read_file", count=9, limit=2)
 LOOP = {"functionCall": {"name": "read_file", "args": {"path": "app.py"}}}
+#: a call that may change state: three in one answer are a runaway (three reads are not)
+WRITE = {"functionCall": {"name": "write_file", "args": {"path": "app.py"}}}
 OTHER = {"functionCall": {"name": "read_file", "args": {"path": "b.py"}, "id": "c2"}}
 LOOP_STOP = DENIALS_TEXT.format(tool="read_file", count=9, denials=2)
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
@@ -192,7 +194,7 @@ def test_a_text_only_answer_the_judge_stops_gets_the_stop_part() -> None:
 
 
 def test_identical_calls_past_the_limit_are_cut_as_the_one_past_it_arrives() -> None:
-    events = answer(LOOP, LOOP, LOOP, LOOP, text="Go.")
+    events = answer(WRITE, WRITE, WRITE, WRITE, text="Go.")
     guard = GeminiStreamGuard(with_limits(max_identical_per_response=2), Judge(None))
     outs = []
     fed = 0
@@ -321,11 +323,16 @@ def test_json_stop_of_a_calls_only_answer_is_the_stop_text_alone() -> None:
 
 def test_json_runaway_keeps_the_first_calls() -> None:
     new, actions = decide_json(
-        response([LOOP, LOOP, LOOP]), Judge(None), with_limits(max_identical_per_response=2)
+        response([WRITE, WRITE, WRITE]), Judge(None), with_limits(max_identical_per_response=2)
     )
     assert new is not None
-    assert orjson.loads(new)["candidates"][0]["content"]["parts"] == [LOOP, LOOP]
+    assert orjson.loads(new)["candidates"][0]["content"]["parts"] == [WRITE, WRITE]
     assert [(a.rule, a.count) for a in actions] == [("runaway", 2)]
+
+
+def test_json_identical_reads_are_left_to_the_call_limit() -> None:
+    cfg = with_limits(max_identical_per_response=2)
+    assert decide_json(response([LOOP, LOOP, LOOP, LOOP]), Judge(None), cfg) == (None, [])
 
 
 def test_json_unchanged_answer_is_left_alone() -> None:

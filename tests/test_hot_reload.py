@@ -35,7 +35,9 @@ AUTH = {"Authorization": "Bearer tok"}
 
 def three_identical() -> dict[str, Any]:
     """An answer making the same call three times (the runaway limit keeps two)."""
-    return completion([tool_call("read_file", '{"path": "a.py"}', f"call_{i}") for i in range(3)])
+    return completion(
+        [tool_call("write_file", '{"path": "a.py", "content": "x"}', f"call_{i}") for i in range(3)]
+    )
 
 
 def answer_with(obj: dict[str, Any], gate: asyncio.Event | None = None, arrived: asyncio.Event | None = None):

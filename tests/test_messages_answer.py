@@ -36,6 +36,8 @@ CFG = Config()
 STOP = Stop(text="[loopguard] Stopped.", rule="stop", tool="read_file", count=9, limit=2)
 LOOP = ("toolu_9", "read_file", '{"path": "app.py"}')
 OTHER = ("toolu_10", "read_file", '{"path": "b.py"}')
+#: a call that may change state: three of them in one answer are a runaway (three reads are not)
+WRITE = ("toolu_9", "write_file", '{"path": "app.py"}')
 #: the stop text the real judge gives for the 9th read_file of app.py after two withheld results
 LOOP_STOP = DENIALS_TEXT.format(tool="read_file", count=9, denials=2)
 
@@ -360,7 +362,7 @@ def test_a_stop_at_message_stop_without_message_delta_writes_one() -> None:
 
 
 def test_identical_calls_past_the_limit_are_cut_when_the_third_completes() -> None:
-    events = message_events([LOOP, LOOP, LOOP, LOOP], text="Again.")  # max_identical_per_response: 2
+    events = message_events([WRITE, WRITE, WRITE, WRITE], text="Again.")  # max_identical_per_response: 2
     guard = MessagesStreamGuard(CFG, Judge(None))
     outs, k = feed_events(guard, events)
     # message_start, ping, text (4), then blocks of 6 events (start, 3 deltas, stop, ping)
@@ -405,11 +407,11 @@ def test_too_many_calls_are_cut_as_soon_as_the_one_past_the_limit_starts() -> No
 
 
 async def test_the_sdk_accumulates_a_cut_stream(serve_bytes: Serve) -> None:
-    out, _, aborted = run(message_events([LOOP, LOOP, LOOP]), Judge(None), split=5)
+    out, _, aborted = run(message_events([WRITE, WRITE, WRITE]), Judge(None), split=5)
     assert aborted
     final = await sdk_stream(await serve_bytes(out, "text/event-stream"))
-    assert [(b.type, b.id, b.input) for b in final.content] == [
-        ("tool_use", "toolu_9", {"path": "app.py"})
+    assert [(b.type, b.name, b.id, b.input) for b in final.content] == [
+        ("tool_use", "write_file", "toolu_9", {"path": "app.py"})
     ] * 2
     assert final.stop_reason == "tool_use"
 
@@ -578,8 +580,8 @@ REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
 SERVER = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}}
 
 
-def tool_use(cid: str, path: str = "app.py") -> dict[str, Any]:
-    return {"type": "tool_use", "id": cid, "name": "read_file", "input": {"path": path}}
+def tool_use(cid: str, path: str = "app.py", name: str = "read_file") -> dict[str, Any]:
+    return {"type": "tool_use", "id": cid, "name": name, "input": {"path": path}}
 
 
 def test_json_stop_becomes_one_text_block_after_the_thinking() -> None:
@@ -606,13 +608,32 @@ def test_json_stop_of_a_calls_only_answer_is_the_stop_text_alone() -> None:
 
 
 def test_json_runaway_keeps_the_first_calls() -> None:
-    body = message([{"type": "text", "text": "x"}, *(tool_use(f"c{k}") for k in range(4))])
+    body = message([{"type": "text", "text": "x"}, *(tool_use(f"c{k}", name="write_file") for k in range(4))])
     new, actions = decide_json(orjson.dumps(body), Judge(None), CFG)
     assert new is not None
     out = json.loads(new)
     assert [b.get("id") for b in out["content"]] == [None, "c0", "c1"]
     assert out["stop_reason"] == "tool_use"
     assert [(a.rule, a.reason, a.count) for a in actions] == [("runaway", "identical", 2)]
+
+
+@pytest.mark.parametrize(("name", "n", "kept"), [("Read", 4, 4), ("read_file", 3, 3), ("read_file", 300, 32)])
+def test_json_identical_reads_are_left_to_the_call_limit(name: str, n: int, kept: int) -> None:
+    body = message([tool_use(f"c{k}", "REDACTED.ts", name) for k in range(n)])
+    new, actions = decide_json(orjson.dumps(body), Judge(None), CFG)
+    if kept == n:
+        assert (new, actions) == (None, [])
+        return
+    assert new is not None
+    assert [b["id"] for b in json.loads(new)["content"]] == [f"c{k}" for k in range(kept)]
+    assert [(a.rule, a.reason, a.count, a.tool) for a in actions] == [("runaway", "calls", 32, name)]
+
+
+def test_identical_reads_stream_through_uncut() -> None:
+    read = ("toolu_9", "Read", '{"file_path": "REDACTED.ts"}')
+    events = message_events([read] * 4)
+    out, guard, aborted = run(events, Judge(None), split=5)
+    assert (out, guard.actions, aborted) == (b"".join(events), [], False)
 
 
 def test_json_unchanged_answer_is_left_alone() -> None:
@@ -743,7 +764,7 @@ async def test_sdk_messages_runaway_is_cut_through_the_server(
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for ev in message_events([LOOP] * 4):  # max_identical_per_response: 2
+        for ev in message_events([WRITE] * 4):  # max_identical_per_response: 2
             try:
                 await resp.write(ev)
             except ConnectionResetError:
@@ -765,8 +786,8 @@ async def test_sdk_messages_runaway_is_cut_through_the_server(
             final = await s.get_final_message()
     finally:
         await client.close()
-    assert [(b.type, b.id, b.input) for b in final.content] == [
-        ("tool_use", "toolu_9", {"path": "app.py"})
+    assert [(b.type, b.name, b.id, b.input) for b in final.content] == [
+        ("tool_use", "write_file", "toolu_9", {"path": "app.py"})
     ] * 2
     assert final.stop_reason == "tool_use"
 

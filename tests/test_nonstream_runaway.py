@@ -476,7 +476,7 @@ async def test_300_identical_calls_in_a_non_streaming_answer_are_cut_and_the_ups
         d
         for i in range(300)
         for d in (
-            calls(tc(i, f"call_{i}", "read_file", "", type_=True)),
+            calls(tc(i, f"call_{i}", "write_file", "", type_=True)),
             calls(tc(i, arguments='{"path": ')),
             calls(tc(i, arguments='"app.py"}')),
         )
@@ -491,7 +491,7 @@ async def test_300_identical_calls_in_a_non_streaming_answer_are_cut_and_the_ups
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"] == [
-        {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": ARGS}}
+        {"id": f"call_{i}", "type": "function", "function": {"name": "write_file", "arguments": ARGS}}
         for i in range(2)
     ]
     await asyncio.wait_for(progress["closed"].wait(), 2)
@@ -642,10 +642,16 @@ async def test_a_complete_answer_survives_a_connection_broken_after_it(
         assert (r.status, await r.read()) == (200, TEXT_JSON)
 
 
-async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(upstream: FakeUpstream) -> None:
-    """What ``serve_forever`` does at the end of the grace period (it closes the upstream
-    responses still in flight): the agent, which asked for JSON, gets an error answer."""
-    from proxy.edge.server import INFLIGHT_KEY, SHUTDOWN_KEY
+@pytest.mark.parametrize("moment", ["headers_came_not_yet_taken", "answer_in_flight"])
+async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(
+    upstream: FakeUpstream, moment: str
+) -> None:
+    """The end of a shutdown's grace period (``end_grace``, as ``serve_forever`` runs it) for a
+    request whose agent asked for JSON and whose answer comes upstream as a stream: the agent
+    gets the 503 error answer, whether its handler had taken the upstream's headers yet (the
+    answer is being read: the sweep closes it) or not (the send had finished, so cancelling it
+    did nothing, and the response was not among those the sweep closes)."""
+    from proxy.edge.server import INFLIGHT_KEY, PENDING_KEY, SHUTDOWN_KEY, end_grace
     from tests.proxy_server import serve
 
     sent = asyncio.Event()
@@ -662,10 +668,16 @@ async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(upstream: Fake
     async with serve(ON, upstream.url) as (base, app), aiohttp.ClientSession() as http:
         answer = asyncio.ensure_future(http.post(base + CHAT, data=b'{"model":"m","messages":[]}'))
         await asyncio.wait_for(sent.wait(), 5)
+        if moment == "answer_in_flight":
+            while not app[INFLIGHT_KEY]:
+                await asyncio.sleep(0.01)
+        else:
+            # Step by step: this test runs again before the handler resumes on its finished send.
+            while not all(t.done() for t in app[PENDING_KEY]):
+                await asyncio.sleep(0)
+            assert (len(app[PENDING_KEY]), len(app[INFLIGHT_KEY])) == (1, 0)
         app[SHUTDOWN_KEY].set()
-        for u in list(app[INFLIGHT_KEY]):
-            app[INFLIGHT_KEY].discard(u)
-            u.close()
+        end_grace(app)
         r = await asyncio.wait_for(answer, 5)
         assert r.status == 503
         assert orjson.loads(await r.read())["error"]["type"] == "proxy_shutdown"

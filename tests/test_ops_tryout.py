@@ -399,6 +399,7 @@ async def test_config_reloaded_lists_the_guards_with_their_modes(tmp_path: Path)
         "echo_loop": "enforce",
         "same_target": "enforce",
         "escalation": "enforce",
+        "waiting": "enforce",
         "stop": "enforce",
         "response": "enforce",
     }

@@ -21,6 +21,7 @@ from proxy.response.decide import (
     StopJudge,
     decide_json,
     earlier_stops,
+    effects_of,
     runaway_cut,
     with_pending_step,
 )
@@ -196,16 +197,22 @@ def test_pending_step_extends_the_transcript() -> None:
 # --- runaway ---------------------------------------------------------------------------------------
 
 RCFG = Config().response
+#: a call that may change state: the identical-call limit counts it
+WRITE = '{"path": "a.py", "content": "x"}'
+
+
+def write(args: Any = WRITE) -> AssembledCall:
+    return call("write_file", args)
 
 
 @pytest.mark.parametrize(
     ("calls", "expected"),
     [
-        pytest.param([call()] * 2, None, id="2_identical_ok"),
-        pytest.param([call()] * 3, ("identical", 2, 2), id="the_3rd_identical_is_cut"),
-        pytest.param([call()] * 300, ("identical", 2, 2), id="300_identical_cut_to_2"),
+        pytest.param([write()] * 2, None, id="2_identical_writes_ok"),
+        pytest.param([write()] * 3, ("identical", 2, 2), id="the_3rd_identical_write_is_cut"),
+        pytest.param([write()] * 300, ("identical", 2, 2), id="300_identical_writes_cut_to_2"),
         pytest.param(
-            [call(), call("grep"), call(), call("ls"), call()],
+            [write(), call("grep"), write(), call("ls"), write()],
             ("identical", 4, 2),
             id="identical_need_not_be_consecutive",
         ),
@@ -217,9 +224,9 @@ RCFG = Config().response
         pytest.param([call(args=f'{{"path": "{i}"}}') for i in range(32)], None, id="32_distinct_ok"),
         pytest.param(
             [
-                call(args='{"path": "app.py"}'),
-                call(args='{ "path" : "app.py" }'),
-                call(args={"path": "app.py"}),
+                write('{"path": "app.py", "content": "x"}'),
+                write('{ "content" : "x", "path" : "app.py" }'),
+                write({"path": "app.py", "content": "x"}),
             ],
             ("identical", 2, 2),
             id="canonical_arguments_compared",
@@ -231,13 +238,56 @@ def test_runaway_cut(calls: list[AssembledCall], expected: tuple[str, int, int] 
     assert (None if cut is None else (cut.reason, cut.count, cut.limit)) == expected
 
 
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        pytest.param([call()] * 3, None, id="3_identical_read_file_not_cut"),
+        pytest.param([call("Read", '{"file_path": "REDACTED.ts"}')] * 4, None, id="4_identical_Read_not_cut"),
+        pytest.param([call("grep", '{"pattern": "x"}')] * 3, None, id="3_identical_grep_not_cut"),
+        pytest.param([call("bash", '{"command": "cat a.py"}')] * 3, None, id="3_identical_cat_not_cut"),
+        pytest.param([call()] * 32, None, id="32_identical_read_file_not_cut"),
+        pytest.param([call()] * 300, ("calls", 32, 32, "read_file"), id="300_identical_read_file_cut_at_32"),
+        pytest.param([write()] * 3, ("identical", 2, 2, "write_file"), id="3_identical_write_file_cut_at_2"),
+        pytest.param(
+            [call("bash", '{"command": "echo x >> a.py"}')] * 3,
+            ("identical", 2, 2, "bash"),
+            id="3_identical_writing_commands_cut_at_2",
+        ),
+        pytest.param(
+            [call(), call(), call(), write(), call(), write(), write()],
+            ("identical", 6, 2, "write_file"),
+            id="mixed_reads_pass_the_3rd_write_is_cut",
+        ),
+        pytest.param(
+            [call(), call(), call(), write(), call(), write()],
+            None,
+            id="mixed_reads_and_2_writes_not_cut",
+        ),
+    ],
+)
+def test_runaway_counts_only_identical_calls_that_may_change_state(
+    calls: list[AssembledCall], expected: tuple[str, int, int, str] | None
+) -> None:
+    cut = runaway_cut(calls, RCFG)
+    assert (None if cut is None else (cut.reason, cut.count, cut.limit, cut.tool)) == expected
+
+
+def test_runaway_reads_the_configs_effects() -> None:
+    """A tool the config marks state-changing counts even though its name reads."""
+    cfg = build(Config, {"progress": {"state_changing_tools": ["read_file"]}})
+    cut = runaway_cut([call()] * 3, cfg.response, effects=effects_of(cfg.progress))
+    assert cut == Cut("runaway", "read_file", 2, 2, "identical")
+    assert runaway_cut([call()] * 3, cfg.response) is None  # the default reading
+
+
 def test_runaway_limits_can_be_turned_off() -> None:
     cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}}).response
+    assert runaway_cut([write()] * 300, cfg) is None
     assert runaway_cut([call()] * 300, cfg) is None
 
 
 def test_streaming_counts_only_complete_calls_as_identical() -> None:
-    calls = [call()] * 3
+    calls = [write()] * 3
     assert runaway_cut(calls, RCFG, complete=2) is None  # the 3rd may still be growing
     cut = runaway_cut(calls, RCFG, complete=3)
     assert cut is not None and cut.count == 2
@@ -273,12 +323,23 @@ def test_json_unchanged_gives_none() -> None:
 
 
 def test_json_runaway_keeps_the_first_two_identical_calls() -> None:
-    body = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(300)])
+    body = completion([tool_call("write_file", WRITE, f"c{i}") for i in range(300)])
     new, actions = decide_json(orjson.dumps(body), None, Config())
     assert new is not None
     calls = orjson.loads(new)["choices"][0]["message"]["tool_calls"]
     assert [c["id"] for c in calls] == ["c0", "c1"]
-    assert actions == [Cut("runaway", "read_file", 2, 2, "identical")]
+    assert actions == [Cut("runaway", "write_file", 2, 2, "identical")]
+
+
+def test_json_identical_reads_are_kept_up_to_the_call_limit() -> None:
+    body = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(300)])
+    new, actions = decide_json(orjson.dumps(body), None, Config())
+    assert new is not None
+    calls = orjson.loads(new)["choices"][0]["message"]["tool_calls"]
+    assert [c["id"] for c in calls] == [f"c{i}" for i in range(32)]
+    assert actions == [Cut("runaway", "read_file", 32, 32, "calls")]
+    three = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(3)])
+    assert decide_json(orjson.dumps(three), None, Config()) == (None, [])
 
 
 def test_json_degenerate_text_is_reported_only() -> None:

@@ -137,9 +137,9 @@ async def test_stop_is_logged_in_the_request_line(
 # --- runaway ------------------------------------------------------------------------------------------
 
 
-def runaway_handler(n: int, progress: dict[str, Any]) -> Any:
-    """A model streaming ``n`` identical calls, one token at a time; records how many calls it got
-    out and sets ``progress["closed"]`` when the proxy hangs up."""
+def runaway_handler(n: int, progress: dict[str, Any], name: str = "write_file") -> Any:
+    """A model streaming ``n`` identical calls of ``name``, one token at a time; records how many
+    calls it got out and sets ``progress["closed"]`` when the proxy hangs up."""
 
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -148,7 +148,7 @@ def runaway_handler(n: int, progress: dict[str, Any]) -> Any:
             await resp.write(ev(chunk(ROLE)))
             for i in range(n):
                 for delta in (
-                    tc(i, f"call_{i}", "read_file", "", type_=True),
+                    tc(i, f"call_{i}", name, "", type_=True),
                     tc(i, arguments='{"path": '),
                     tc(i, arguments='"app.py"}'),
                 ):
@@ -178,7 +178,7 @@ async def test_300_identical_streamed_calls_agent_gets_2_and_upstream_is_closed(
     msg, finish = await turn(client, [{"role": "user", "content": "go"}], stream=True)
     assert finish == "tool_calls"
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
-        (f"call_{i}", "read_file", ARGS) for i in range(2)
+        (f"call_{i}", "write_file", ARGS) for i in range(2)
     ]
     await asyncio.wait_for(progress["closed"].wait(), 2)
     assert progress["written"] < 20, progress["written"]  # it stopped writing long before 300 (6 here)
@@ -186,16 +186,47 @@ async def test_300_identical_streamed_calls_agent_gets_2_and_upstream_is_closed(
     assert (snap["responses_cut"], snap["per_rule"]) == (1, {"runaway": 1})
 
 
-async def test_json_response_with_300_identical_calls_is_cut_to_2(upstream: FakeUpstream, sdk) -> None:
+@pytest.mark.parametrize(
+    ("name", "n", "kept"),
+    [
+        pytest.param("write_file", 300, 2, id="300_writes_cut_to_2"),
+        pytest.param("write_file", 3, 2, id="3_writes_cut_to_2"),
+        pytest.param("read_file", 300, 32, id="300_reads_cut_to_32"),
+        pytest.param("read_file", 3, 3, id="3_reads_pass"),
+        pytest.param("Read", 4, 4, id="4_Reads_pass"),
+    ],
+)
+async def test_json_response_with_identical_calls_cuts_only_state_changing_repeats(
+    upstream: FakeUpstream, sdk, name: str, n: int, kept: int
+) -> None:
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
-        answer = completion([tool_call("read_file", ARGS, f"call_{i}") for i in range(300)])
+        answer = completion([tool_call(name, ARGS, f"call_{i}") for i in range(n)])
         return web.json_response(answer, dumps=lambda o: orjson.dumps(o).decode())
 
     upstream.handler = handler
     client = await sdk()
     msg, finish = await turn(client, [{"role": "user", "content": "go"}], stream=False)
     assert finish == "tool_calls"
-    assert [c["id"] for c in msg["tool_calls"]] == ["call_0", "call_1"]
+    assert [c["id"] for c in msg["tool_calls"]] == [f"call_{i}" for i in range(kept)]
+    snap = await snapshot(client.base)
+    assert snap["responses_cut"] == (1 if kept < n else 0)
+
+
+@pytest.mark.parametrize(("name", "n", "kept"), [("read_file", 300, 32), ("Read", 4, 4), ("grep", 3, 3)])
+async def test_streamed_identical_reads_are_left_to_the_call_limit(
+    upstream: FakeUpstream, sdk, name: str, n: int, kept: int
+) -> None:
+    progress: dict[str, Any] = {"written": 0, "closed": asyncio.Event()}
+    upstream.handler = runaway_handler(n, progress, name)
+    client = await sdk()
+    msg, finish = await turn(client, [{"role": "user", "content": "go"}], stream=True)
+    assert finish == "tool_calls"
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
+        (f"call_{i}", name, ARGS) for i in range(kept)
+    ]
+    await asyncio.wait_for(progress["closed"].wait(), 2)
+    snap = await snapshot(client.base)
+    assert (snap["responses_cut"], snap["per_rule"]) == ((1, {"runaway": 1}) if kept < n else (0, {}))
 
 
 # --- degenerate text ------------------------------------------------------------------------------------

@@ -17,11 +17,13 @@ from proxy.ops.config import Config
 from proxy.response.responses_stream import ResponsesStreamGuard, decide_json
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
-from tests.responses_items import response_events, response_object, responses_body
+from tests.responses_items import function_call_item, response_events, response_object, responses_body
 
 CFG = Config()
 STOP = Stop(text="[loopguard] Stopped.", rule="stop", tool="exec_command", count=9, limit=2)
 CALL = ("call_9", "exec_command", '{"cmd": "ls -la"}')
+#: a command that writes: three of them in one answer are a runaway (three ``ls -la`` are not)
+WRITE = ("call_9", "exec_command", '{"cmd": "echo x >> log.txt"}')
 
 
 class Judge:
@@ -150,7 +152,7 @@ def test_stop_of_a_calls_only_answer_is_the_stop_text_alone() -> None:
 
 
 def test_identical_calls_past_the_limit_are_cut_and_the_stream_completed() -> None:
-    events = response_events([CALL, CALL, CALL, CALL])  # max_identical_per_response: 2
+    events = response_events([WRITE, WRITE, WRITE, WRITE])  # max_identical_per_response: 2
     out, guard, aborted = run(events, Judge(None))
     got = parse(out)
     assert aborted
@@ -162,6 +164,21 @@ def test_identical_calls_past_the_limit_are_cut_and_the_stream_completed() -> No
     assert final["status"] == "completed"
     (cut,) = guard.actions
     assert (cut.rule, cut.reason, cut.count, cut.limit) == ("runaway", "identical", 2, 2)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        CALL,
+        ("call_9", "read_file", '{"path": "a.py"}'),
+        ("call_9", "shell", '{"command": ["bash", "-lc", "cat a.py"]}'),
+    ],
+    ids=["ls", "read_file", "cat"],
+)
+def test_identical_read_only_calls_stream_through_uncut(call: tuple[str, str, str]) -> None:
+    events = response_events([call] * 4)
+    out, guard, aborted = run(events, Judge(None))
+    assert (out, guard.actions, aborted) == (b"".join(events), [], False)
 
 
 def test_degenerate_text_ends_with_response_incomplete() -> None:
@@ -254,6 +271,18 @@ def test_json_runaway_keeps_the_first_calls() -> None:
     assert new is not None
     assert [i["call_id"] for i in json.loads(new)["output"]] == ["c0", "c1"]
     assert [(a.rule, a.count) for a in actions] == [("runaway", 2)]
+
+
+@pytest.mark.parametrize(("n", "kept"), [(4, 4), (300, 32)])
+def test_json_identical_reads_are_left_to_the_call_limit(n: int, kept: int) -> None:
+    items = [function_call_item(f"c{k}", "exec_command", '{"cmd": "ls -la"}') for k in range(n)]
+    new, actions = decide_json(orjson.dumps(response_object(items)), Judge(None), CFG)
+    if kept == n:
+        assert (new, actions) == (None, [])
+        return
+    assert new is not None
+    assert [i["call_id"] for i in json.loads(new)["output"]] == [f"c{k}" for k in range(kept)]
+    assert [(a.rule, a.reason, a.count) for a in actions] == [("runaway", "calls", 32)]
 
 
 @pytest.mark.parametrize("raw", [b"not json", b'{"object": "response"}', b"[]"])

@@ -83,8 +83,11 @@ def loop_call(n: int) -> dict[str, Any]:
 def answer_for(mode: str, n: int) -> tuple[list[dict[str, Any]] | None, str | None]:
     """(tool calls, content) of the fake model's answer number ``n`` in a conversation of
     ``mode``."""
-    if mode == "runaway":  # one answer with four identical calls: cut to the first two
-        return [loop_call(n * 10 + i) for i in range(4)], f"Reading it four times {MARKER}"
+    if mode == "runaway":  # one answer with four identical writes: cut to the first two
+        calls = [loop_call(n * 10 + i) for i in range(4)]
+        for c in calls:
+            c["function"]["name"] = "write_file"
+        return calls, f"Writing it four times {MARKER}"
     if mode == "degenerate":  # a text that ends in one span over and over: cut (SSE) / reported
         return None, f"The answer is {MARKER}. " + f"{MARKER} again and " * 40
     return [loop_call(n)], f"Let me read the file again, {MARKER}."

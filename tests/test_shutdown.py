@@ -45,10 +45,12 @@ def slow_stream(events: list[bytes], gap_s: float, forever: bool) -> Any:
     return handler
 
 
-async def serve(upstream_url: str, tmp_path: Path, grace_s: float, pid1: bool) -> tuple[Any, int, str]:
+async def serve(
+    upstream_url: str, tmp_path: Path, grace_s: float, pid1: bool, extra: str = ""
+) -> tuple[Any, int, str]:
     port = free_port()
     cfg = tmp_path / "lg.yaml"
-    cfg.write_text(f"listen: {{shutdown_grace_s: {grace_s}}}\n")
+    cfg.write_text(f"listen: {{shutdown_grace_s: {grace_s}}}\n{extra}")
     prefix = ["unshare", "--pid", "--fork", "--kill-child"] if pid1 else []
     proc = await serve_process(upstream_url, port, cfg, prefix=prefix, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
@@ -180,3 +182,54 @@ async def test_a_request_waiting_for_upstream_headers_gets_a_503_at_the_end_of_o
     # one grace in all (aiohttp's own shutdown would wait it out a second time)
     assert grace_s <= answered < grace_s + 1.0, answered
     assert exited < grace_s + 1.5, exited
+
+
+async def test_a_json_request_streamed_upstream_gets_a_503_at_the_end_of_one_grace(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """``upstream.stream_json_requests``: the agent asked for JSON, the upstream streams an answer
+    that does not end; SIGTERM, and at the end of the grace the agent gets the 503 JSON answer
+    (it had none of the answer: the proxy was assembling it)."""
+    grace_s = 0.5
+    streaming = asyncio.Event()
+    events = sse_events(content="a generation that does not end")[:2]
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        streaming.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    upstream.handler = handler
+    proc, _, base = await serve(
+        upstream.url, tmp_path, grace_s, False, "upstream: {stream_json_requests: true}\n"
+    )
+    try:
+        async with aiohttp.ClientSession() as s:
+            body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1)})
+            post = asyncio.ensure_future(s.post(base + "/v1/chat/completions", data=body))
+            await asyncio.wait_for(streaming.wait(), 10)
+            await asyncio.sleep(0.2)  # the proxy reads the stream
+            sent = time.monotonic()
+            os.kill(proc.pid, signal.SIGTERM)
+            async with await asyncio.wait_for(post, 10) as r:
+                answered = time.monotonic() - sent
+                status, answer = r.status, await r.json(content_type=None)
+        code = await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.stderr is not None
+    lines = [orjson.loads(x) for x in (await proc.stderr.read()).decode().splitlines() if x.startswith("{")]
+    (request,) = [x for x in lines if x.get("event") == "request"]
+    assert (code, status, answer) == (0, 503, SHUTDOWN_503["/v1/chat/completions"])
+    assert (request["status"], request["shutdown"], request["as_stream"], request["level"]) == (
+        503,
+        True,
+        True,
+        "warning",
+    )
+    assert grace_s <= answered < grace_s + 1.0, answered

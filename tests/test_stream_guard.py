@@ -187,10 +187,11 @@ def test_stop_replacement_events() -> None:
 # --- runaway ----------------------------------------------------------------------------------------
 
 
-def identical_calls_stream(n: int) -> list[bytes]:
+def identical_calls_stream(n: int, name: str = "write_file") -> list[bytes]:
+    """``n`` identical calls streamed in three deltas each (``write_file`` may change state)."""
     out = [ev(chunk(ROLE))]
     for i in range(n):
-        out.append(ev(chunk(calls(tc(i, f"call_{i}", "read_file", "", type_=True)))))
+        out.append(ev(chunk(calls(tc(i, f"call_{i}", name, "", type_=True)))))
         out.append(ev(chunk(calls(tc(i, arguments='{"path": ')))))
         out.append(ev(chunk(calls(tc(i, arguments='"app.py"}')))))
     out.append(ev(chunk(finish="tool_calls")))
@@ -211,10 +212,34 @@ def test_300_identical_calls_cut_to_2_as_soon_as_the_3rd_is_complete() -> None:
             break
     assert fed == 1 + 3 * 3 + 1  # the first delta of call 4 shows call 3 is complete
     seen = agent_view(out)
-    assert seen.calls == [(f"call_{i}", "read_file", ARGS) for i in range(2)]
+    assert seen.calls == [(f"call_{i}", "write_file", ARGS) for i in range(2)]
     assert (seen.finish, seen.done) == (["tool_calls"], True)
-    assert guard.actions == [Cut("runaway", "read_file", 2, 2, "identical")]
+    assert guard.actions == [Cut("runaway", "write_file", 2, 2, "identical")]
     assert guard.feed(b"more bytes").data == b""  # after the cut, nothing more goes out
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "kept", "cut"),
+    [
+        pytest.param("read_file", 3, 3, None, id="3_identical_read_file_not_cut"),
+        pytest.param("Read", 4, 4, None, id="4_identical_Read_not_cut"),
+        pytest.param("grep", 3, 3, None, id="3_identical_grep_not_cut"),
+        pytest.param(
+            "read_file", 300, 32, Cut("runaway", "read_file", 32, 32, "calls"), id="300_read_file_cut_at_32"
+        ),
+        pytest.param(
+            "write_file", 3, 2, Cut("runaway", "write_file", 2, 2, "identical"), id="3_write_file_cut_at_2"
+        ),
+    ],
+)
+def test_streamed_identical_reads_are_left_to_the_call_limit(
+    name: str, n: int, kept: int, cut: Cut | None
+) -> None:
+    out, guard, aborts = run(b"".join(identical_calls_stream(n, name)))
+    seen = agent_view(out)
+    assert seen.calls == [(f"call_{i}", name, ARGS) for i in range(kept)]
+    assert aborts == [n > 32]  # the 33rd call's first delta closes the upstream; the rest end in the stream
+    assert (seen.finish, guard.actions) == (["tool_calls"], [cut] if cut else [])
 
 
 def test_more_than_32_calls_cut_at_the_33rd() -> None:
@@ -238,7 +263,7 @@ def test_runaway_then_stop_on_the_kept_calls() -> None:
     judge = Judge(STOP)
     out, guard, aborts = run(b"".join(identical_calls_stream(10)), 1 << 20, judge)
     assert aborts == [True]
-    assert judge.asked == [[(f"call_{i}", "read_file", ARGS) for i in range(2)]]
+    assert judge.asked == [[(f"call_{i}", "write_file", ARGS) for i in range(2)]]
     seen = agent_view(out)
     assert (seen.calls, seen.content, seen.finish) == ([], STOP.text, ["stop"])
     assert [a.kind for a in guard.actions] == ["cut", "stop"]
@@ -247,12 +272,12 @@ def test_runaway_then_stop_on_the_kept_calls() -> None:
 def test_identical_calls_at_the_end_of_the_stream_are_cut_without_abort() -> None:
     raw = stream(
         chunk(ROLE),
-        *(chunk(calls(tc(i, f"c{i}", "read_file", ARGS, type_=True))) for i in range(3)),
+        *(chunk(calls(tc(i, f"c{i}", "write_file", ARGS, type_=True))) for i in range(3)),
         chunk(finish="tool_calls"),
     )
     out, guard, aborts = run(raw, 1 << 20, None)
     assert aborts == [False]
-    assert guard.actions == [Cut("runaway", "read_file", 2, 2, "identical")]
+    assert guard.actions == [Cut("runaway", "write_file", 2, 2, "identical")]
     seen = agent_view(out)
     assert [c[0] for c in seen.calls] == ["c0", "c1"]
     assert seen.finish == ["tool_calls"]

@@ -483,6 +483,9 @@ def test_mixed_structured_and_text_calls_are_one_sequence() -> None:
 
 REPAIR = Repairer(TOOLS, b"request body")
 CFG = Config()
+#: ``read`` configured as state-changing: identical read-only calls are left to the call limit, so
+#: the identical-call runaway of repaired calls is pinned on calls that count
+WRITES = build(Config, {"progress": {"state_changing_tools": ["read"]}})
 
 
 def completion(content: Any, **message: Any) -> bytes:
@@ -611,7 +614,7 @@ def test_json_repaired_calls_go_to_the_stop_judge() -> None:
 
 
 def test_json_repaired_calls_go_through_the_runaway_rule() -> None:
-    new, actions = decide_json(completion(HERMES * 4), None, CFG, REPAIR)
+    new, actions = decide_json(completion(HERMES * 4), None, WRITES, REPAIR)
     assert [a.kind for a in actions] == ["repair", "cut"]
     assert isinstance(actions[1], Cut) and actions[1].count == 2
     assert [tc["id"] for tc in orjson.loads(new)["choices"][0]["message"]["tool_calls"]] == [
@@ -632,10 +635,10 @@ def test_ids_are_unique_and_depend_on_the_request() -> None:
 
 
 def run(
-    raw: bytes, step: int, repair: Repairer | None = REPAIR, judge: Any = None
+    raw: bytes, step: int, repair: Repairer | None = REPAIR, judge: Any = None, cfg: Config = CFG
 ) -> tuple[bytes, StreamGuard]:
     """``raw`` fed ``step`` bytes at a time."""
-    guard = StreamGuard(CFG, judge, repair)
+    guard = StreamGuard(cfg, judge, repair)
     out = b""
     for i in range(0, len(raw), step):
         out += guard.feed(raw[i : i + step]).data
@@ -785,7 +788,7 @@ def test_sse_repaired_calls_go_to_the_stop_judge() -> None:
 
 
 def test_sse_repaired_calls_go_through_the_runaway_rule() -> None:
-    out, guard = run(content_stream(HERMES * 3), 9)
+    out, guard = run(content_stream(HERMES * 3), 9, cfg=WRITES)
     assert [a.kind for a in guard.actions] == ["repair", "cut"]
     assert out.count(b'"tool_calls":[{') == 2
     assert out.endswith(b'"finish_reason":"tool_calls"}]}\n\n' + b"data: [DONE]\n\n")
@@ -849,7 +852,7 @@ def test_sse_a_runaway_written_as_text_is_cut_as_it_streams() -> None:
         *(chunk({"content": HERMES + "\n"}) for _ in range(5)),
     ]
     raw = [stream(e, done=False) for e in [*events, chunk({}, "stop")]]
-    guard = StreamGuard(CFG, None, REPAIR)
+    guard = StreamGuard(WRITES, None, REPAIR)
     outs = []
     for r in raw:
         o = guard.feed(r)

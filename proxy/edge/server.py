@@ -615,12 +615,24 @@ def _shutdown_response(request: web.Request, fields: dict[str, Any]) -> web.Resp
 
 async def _until_grace_over(app: web.Application, send: Callable[[], Any]) -> aiohttp.ClientResponse | None:
     """``await send()`` (the upstream's response headers), or None when a shutdown's grace
-    period ended first (its send was cancelled, :func:`serve_forever`)."""
+    period ended first (its send was cancelled, :func:`end_grace`; or the headers came but
+    this request had not taken them before the grace ended: the response is closed)."""
+    grace_over = app[GRACE_OVER_KEY]
+    if grace_over.is_set():
+        return None  # end_grace's sweep is past: nothing would end this send
     task = asyncio.ensure_future(send())
     pending = app[PENDING_KEY]
     pending.add(task)
     try:
-        return await task
+        upstream: aiohttp.ClientResponse = await task
+        if grace_over.is_set():
+            # The headers came, and the grace ended before this handler ran again: cancelling
+            # the finished send did nothing, and the response joins INFLIGHT_KEY after the
+            # sweep that closes it, so the agent would wait for the whole answer (or get a cut
+            # connection from the runner's cleanup) instead of its 503.
+            upstream.close()
+            return None
+        return upstream
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if app[GRACE_OVER_KEY].is_set() and task.cancelled() and not (current and current.cancelling()):
@@ -1173,6 +1185,19 @@ async def start(
     return runner, port
 
 
+def end_grace(app: web.Application) -> None:
+    """End what a shutdown's grace period left running (:func:`serve_forever`, after
+    ``SHUTDOWN_KEY``): a request still waiting for the upstream's headers gets a 503, a stream its
+    error event, a JSON answer not yet sent a 503 (their handlers answer). Synchronous: no
+    handler runs between setting ``GRACE_OVER_KEY`` and the sweep."""
+    app[GRACE_OVER_KEY].set()
+    for task in list(app[PENDING_KEY]):
+        task.cancel()
+    for upstream in list(app[INFLIGHT_KEY]):
+        app[INFLIGHT_KEY].discard(upstream)
+        upstream.close()
+
+
 async def serve_forever(
     cfg: Config,
     loader: Callable[[], Config] | None = None,
@@ -1223,14 +1248,7 @@ async def serve_forever(
         deadline = time.monotonic() + cfg.listen.shutdown_grace_s
         while app[OPEN_KEY] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        # the grace is over: end what is still running; a request still waiting for the
-        # upstream's headers gets a 503, a stream its error event (their handlers answer)
-        app[GRACE_OVER_KEY].set()
-        for task in list(app[PENDING_KEY]):
-            task.cancel()
-        for upstream in list(app[INFLIGHT_KEY]):
-            app[INFLIGHT_KEY].discard(upstream)
-            upstream.close()
+        end_grace(app)
         finish = time.monotonic() + FINISH_S
         while app[OPEN_KEY] and time.monotonic() < finish:
             await asyncio.sleep(0.02)  # their answers and log lines

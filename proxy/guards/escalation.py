@@ -205,7 +205,7 @@ class Escalation:
             return False
         if known(call.result):
             assert call.result is not None
-            shape = agents.failure_shape(call.name, call.result.text)
+            shape = agents.failure_shape(call.name, call.result.text, arguments=call.arguments)
             if edits.progress(call, on):
                 stale = False
             else:

@@ -144,7 +144,9 @@ class SameTarget:
                     assert call.result is not None and prev.result is not None
                     same = same_result(prev.result, call.result, masks)
                     if not same:
-                        shape = agents.same_failure(call.name, prev.result.text, call.result.text)
+                        shape = agents.same_failure(
+                            call.name, prev.result.text, call.result.text, arguments=call.arguments
+                        )
                         same = shape is not None
                 elif not known(call.result):
                     same, shape = s.prev_same, s.shape

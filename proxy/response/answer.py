@@ -9,7 +9,8 @@ A stream guard (:mod:`proxy.response.stream_guard` for chat completions, one per
   degenerate-text :class:`~proxy.actions.Cut` the moment the text degenerates (:mod:`degenerate`);
 - :meth:`AnswerState.runaway`: the calls so far (:class:`~proxy.response.assemble.AssembledCall`, in
   order) and how many of them are complete; returns the runaway cut the moment a call goes past
-  ``response.max_calls_per_response`` or ``max_identical_per_response``;
+  ``response.max_calls_per_response`` or ``max_identical_per_response`` (calls that may change
+  state only, :func:`~proxy.response.decide.runaway_cut`);
 - :meth:`AnswerState.decide`: the answer's calls are all in (its finish); returns the calls kept, the
   runaway cut and the :class:`~proxy.actions.Stop` of the stop judge.
 
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from proxy.actions import Cut, Stop
 from proxy.ops.config import Config
 from proxy.response.assemble import AssembledCall
-from proxy.response.decide import DEGENERATE_RULE, StopJudge, runaway_cut
+from proxy.response.decide import DEGENERATE_RULE, StopJudge, effects_of, runaway_cut
 from proxy.response.degenerate import RepetitionDetector
 
 
@@ -73,7 +74,7 @@ class AnswerState:
         if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
             return None
         self.complete = max(self.complete, complete)
-        return runaway_cut(calls, cfg, self.complete)
+        return runaway_cut(calls, cfg, self.complete, effects_of(self._cfg.progress))
 
     def decide(
         self, calls: Sequence[AssembledCall], cut: Cut | None = None, text: str | None = None

@@ -23,8 +23,12 @@
   cost nothing.
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
-  ignored) beyond ``max_identical_per_response``; that call and everything after it are dropped.
-  The stream relay applies the same rule as calls complete, so JSON and SSE agree.
+  ignored) that may change state (:meth:`proxy.effects.EffectRule.may_change`, the config's
+  ``progress`` effects) beyond ``max_identical_per_response``; that call and everything after it
+  are dropped. A read-only call repeated in one answer changes nothing and costs the agent one
+  more read, while a cut drops every call after it (DESIGN §2.2), so identical reads are bounded
+  by ``max_calls_per_response`` only. The stream relay applies the same rule as calls complete,
+  so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
 - **Repair** (issue 13, :mod:`proxy.response.repair`): calls the model wrote as text become
   structured calls before the two decisions above, which then judge them like any others.
@@ -42,12 +46,14 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from proxy.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.canonical import canonical_arguments, parse_arguments
 from proxy.dialects import jsonbody, text_actions
 from proxy.dialects.openai_chat import content_text
+from proxy.effects import EffectRule
 from proxy.guards import Context, Guard
 from proxy.guards.circuit_breaker import CAP
 from proxy.guards.circuit_breaker import RULE as BREAKER
@@ -56,7 +62,7 @@ from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
 from proxy.guards.resume import Checkpoint, evaluate_from
 from proxy.harness_replies import is_harness_reply
-from proxy.ops.config import Config, ResponseConfig, StopConfig
+from proxy.ops.config import Config, ProgressConfig, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
 from proxy.response.repair import CUT_SHORT, Repairer
@@ -273,11 +279,29 @@ class StopJudge:
         return Stop(text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind)
 
 
+@lru_cache(maxsize=4)
+def effects_of(progress: ProgressConfig) -> EffectRule:
+    """The effects reading of a config's ``progress`` section, built once per section (its
+    patterns are compiled and its verdicts memoized; a reload brings a new section)."""
+    return progress.effects()
+
+
+#: The effects reading of the default config (``runaway_cut`` without ``effects``).
+DEFAULT_EFFECTS = effects_of(ProgressConfig())
+
+
 def runaway_cut(
-    calls: Sequence[AssembledCall], cfg: ResponseConfig, complete: int | None = None
+    calls: Sequence[AssembledCall],
+    cfg: ResponseConfig,
+    complete: int | None = None,
+    effects: EffectRule = DEFAULT_EFFECTS,
 ) -> Cut | None:
     """The runaway rule over the first ``complete`` calls (all by default), plus the count limit
-    over all of them. Returns a :class:`Cut` whose ``count`` is the number of calls kept, or None."""
+    over all of them. Returns a :class:`Cut` whose ``count`` is the number of calls kept, or None.
+
+    Only calls that may change state (``effects``: the config's, :func:`effects_of`) count toward
+    ``max_identical_per_response``: the same edit or command three times in one answer is the
+    runaway, the same read three times is not (it stays bounded by ``max_calls_per_response``)."""
     n_complete = len(calls) if complete is None else complete
     cut_at: int | None = None
     reason = ""
@@ -285,8 +309,14 @@ def runaway_cut(
     limit: int | None = None
     if cfg.max_identical_per_response:
         seen: Counter[tuple[str, str]] = Counter()
+        changing: dict[tuple[str, str], bool] = {}  # the verdict of each distinct call, once
         for i, call in enumerate(calls[:n_complete]):
             key = call_key(call)
+            verdict = changing.get(key)
+            if verdict is None:
+                verdict = changing[key] = effects.may_change(call.name, parse_arguments(call.arguments))
+            if not verdict:
+                continue
             seen[key] += 1
             if seen[key] > cfg.max_identical_per_response:
                 cut_at, reason, tool, limit = i, "identical", call.name, cfg.max_identical_per_response
@@ -400,7 +430,7 @@ def decide_json(
                 choice["finish_reason"] = "stop"
                 changed = True
             continue
-        cut = runaway_cut(calls, cfg.response)
+        cut = runaway_cut(calls, cfg.response, effects=effects_of(cfg.progress))
         kept = calls[: cut.count] if cut else calls
         if cut:
             actions.append(cut)

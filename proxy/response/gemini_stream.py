@@ -59,7 +59,7 @@ from proxy.dialects import jsonbody
 from proxy.ops.config import Config
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
-from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
 from proxy.response.stream_guard import FramedGuard
 
@@ -149,7 +149,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
             actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
     wire_calls = [c for c in map(_call, parts) if c is not None]
     calls = [_call_of(c, k) for k, c in enumerate(wire_calls)]
-    cut = runaway_cut(calls, cfg.response)
+    cut = runaway_cut(calls, cfg.response, effects=effects_of(cfg.progress))
     kept = calls[: cut.count] if cut else calls
     if cut:
         actions.append(cut)

@@ -63,7 +63,7 @@ from proxy.dialects import jsonbody
 from proxy.ops.config import Config
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
-from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
 from proxy.response.stream_guard import FramedGuard
 
@@ -127,7 +127,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
             actions.append(Cut(DEGENERATE_RULE, "", repeats, limit, reason, applied=False))
     blocks = [b for b in content if _is(b, CALL_BLOCK)]
     calls = [_call_of(b, k) for k, b in enumerate(blocks)]
-    cut = runaway_cut(calls, cfg.response)
+    cut = runaway_cut(calls, cfg.response, effects=effects_of(cfg.progress))
     kept = calls[: cut.count] if cut else calls
     if cut:
         actions.append(cut)

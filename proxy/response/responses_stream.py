@@ -52,7 +52,7 @@ from proxy.ops.config import Config
 from proxy.request.response_store import Answer, answer_of
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
-from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, runaway_cut
+from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent, SSEFramer
 from proxy.response.stream_guard import MAX_EVENT_BYTES, FramedGuard
 
@@ -153,7 +153,7 @@ def _decide_object(
         actions.append(
             Cut(DEGENERATE_RULE, "", repeats, cfg.response.degenerate_text.min_repeats, "content", False)
         )
-    cut = runaway_cut(calls, cfg.response)
+    cut = runaway_cut(calls, cfg.response, effects=effects_of(cfg.progress))
     kept = calls[: cut.count] if cut else calls
     if cut:
         actions.append(cut)
