@@ -39,7 +39,6 @@ from tests.realtraj_native import (
 
 SESSIONS_DIR = sessions_dir()
 _REPLAYS: dict[bool, list[SessionReplay]] = {}
-PENDING = pytest.mark.xfail(reason="native-session precision fixes pending", strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +67,6 @@ def test_sessions_have_the_documented_fields(sessions: list[dict[str, Any]]) -> 
             assert isinstance(body[member], list) and body[member], s["id"]
 
 
-@PENDING
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_no_session_is_blocked(sessions: list[dict[str, Any]], stream: bool) -> None:
     done = _replays(sessions, stream)
@@ -77,14 +75,12 @@ def test_no_session_is_blocked(sessions: list[dict[str, Any]], stream: bool) -> 
     assert not failures, f"{len(failures)} blocks:\n" + "\n".join(failures)
 
 
-@PENDING
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_reminders_are_rare(sessions: list[dict[str, Any]], stream: bool) -> None:
     done = _replays(sessions, stream)
     assert reminder_rate(done) <= MAX_REMINDERS_PER_1000, "\n".join(table(done).splitlines()[-3:])
 
 
-@PENDING
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_every_reminder_says_only_true_things(sessions: list[dict[str, Any]], stream: bool) -> None:
     untrue = [v.describe() for s in _replays(sessions, stream) for v in s.violations()]
