@@ -6,7 +6,8 @@ every arm is measured against the same fixed answers:
 
 - ``POST`` whose body has ``"stream": true``: ``text/event-stream``, 64 events paced 5 ms apart
   (chunked transfer encoding, one event per chunk; the first is sent with the headers).
-- any other ``POST``: a fixed ``chat.completion`` JSON (one tool call), with Content-Length.
+- any other ``POST``: a fixed ``chat.completion`` JSON (one tool call), with Content-Length; a
+  body without ``"tools"`` (the plain chat workload) gets a text answer instead.
 - ``GET`` (health checks, ``/v1/models``): a small JSON.
 
 Usage: ``python bench/fake_upstream.py [--port 0]``; prints ``PORT <n>`` on stdout when listening.
@@ -19,7 +20,7 @@ import asyncio
 import re
 import sys
 
-from workloads import COMPLETION, MODEL, SSE_INTERVAL_S, sse_events
+from workloads import CHAT_COMPLETION, COMPLETION, MODEL, SSE_INTERVAL_S, sse_events
 
 #: Only the first and last SCAN bytes of a large body are searched for ``"stream": true`` (clients
 #: put it before or after ``messages``, next to the other small parameters); a body up to 4 × SCAN
@@ -31,6 +32,7 @@ _JSON_HEAD = (
     b"Connection: keep-alive\r\n\r\n"
 )
 _COMPLETION_RESPONSE = _JSON_HEAD % len(COMPLETION) + COMPLETION
+_CHAT_RESPONSE = _JSON_HEAD % len(CHAT_COMPLETION) + CHAT_COMPLETION
 _MODELS = b'{"object":"list","data":[{"id":"%s","object":"model","owned_by":"bench"}]}' % MODEL.encode()
 _MODELS_RESPONSE = _JSON_HEAD % len(_MODELS) + _MODELS
 _SSE_HEAD = (
@@ -145,7 +147,12 @@ class Conn(asyncio.BufferedProtocol):
         if _has_stream_true(self.head, 0, len(self.head)) or _has_stream_true(self.tail, 0, len(self.tail)):
             asyncio.get_running_loop().create_task(self.send_stream(self.close_after))
             return
-        self.transport.write(_COMPLETION_RESPONSE if self.method == b"POST" else _MODELS_RESPONSE)
+        if self.method != b"POST":
+            self.transport.write(_MODELS_RESPONSE)
+        elif b'"tools"' in self.head or b'"tools"' in self.tail:
+            self.transport.write(_COMPLETION_RESPONSE)
+        else:  # no tools offered (the plain chat workload): a text answer
+            self.transport.write(_CHAT_RESPONSE)
         if self.close_after:
             self.transport.close()
 

@@ -4,7 +4,7 @@ Reads one JSON command per line on stdin and answers each with one JSON line on 
 
 - ``{"op": "batch", "url": BASE, "workload": W, "concurrency": C, "duration": S, "min": N, "max": M}``
   sends ``POST BASE/v1/chat/completions`` with workload ``W``'s body (``small``, ``agent``,
-  ``stream``, or ``size:<name>`` from :data:`workloads.SIZES`) from ``C`` concurrent workers until
+  ``chat``, ``stream``, or ``size:<name>`` from :data:`workloads.SIZES`) from ``C`` concurrent workers until
   ``S`` seconds have passed and at least ``N`` requests were made (never more than ``M``).
   Answer: ``n``, ``errors``, ``first_error``, ``elapsed`` (s), ``lat`` (ms per request); streams
   also ``ttfb`` (ms to the first event), ``gaps`` (ms between consecutive events, all requests),
@@ -59,6 +59,8 @@ class LoadGen:
         if workload not in self.bodies:
             if workload == "small":
                 self.bodies[workload] = workloads.small_body()
+            elif workload == "chat":
+                self.bodies[workload] = workloads.chat_body()
             elif workload == "stream":
                 self.bodies[workload] = workloads.small_body(stream=True)
             elif workload == "agent":

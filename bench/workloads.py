@@ -7,6 +7,8 @@ the same bytes.
 
 - :func:`small_body`: system + user + 7 identical ``bash`` calls with short results (~4 KB):
   reminders after calls 3 and 5, call 7 withheld (fresh on every request).
+- :func:`chat_body`: a plain chat (no tools offered, no calls): nothing for the guards to read
+  (answered with :data:`CHAT_COMPLETION`, text).
 - :func:`history_body`: a long session of about 3.4 KB per tool call (``read_file``, ``grep``,
   ``bash``, ``edit_file`` with code-like results), where every 40 calls the agent gets stuck for 8
   identical test runs; it ends inside such a loop, so every request carries a fresh reminder and a
@@ -56,10 +58,50 @@ SYSTEM = (
 )
 
 _WORDS = [
-    "self", "value", "result", "config", "path", "items", "index", "request", "response", "handler",
-    "error", "data", "buffer", "count", "limit", "window", "tool", "call", "message", "return",
-    "import", "async", "await", "def", "class", "for", "in", "if", "else", "raise", "None", "True",
-    "False", "len", "list", "dict", "str", "int", "bytes", "json", "yaml", "parse", "load", "dump",
+    "self",
+    "value",
+    "result",
+    "config",
+    "path",
+    "items",
+    "index",
+    "request",
+    "response",
+    "handler",
+    "error",
+    "data",
+    "buffer",
+    "count",
+    "limit",
+    "window",
+    "tool",
+    "call",
+    "message",
+    "return",
+    "import",
+    "async",
+    "await",
+    "def",
+    "class",
+    "for",
+    "in",
+    "if",
+    "else",
+    "raise",
+    "None",
+    "True",
+    "False",
+    "len",
+    "list",
+    "dict",
+    "str",
+    "int",
+    "bytes",
+    "json",
+    "yaml",
+    "parse",
+    "load",
+    "dump",
 ]
 
 
@@ -110,6 +152,24 @@ def small_body(stream: bool = False) -> bytes:
             "Tests: 1 failed, 41 passed, 42 total\nexit code 1",
         )
     return _body(messages, stream)
+
+
+def chat_body(stream: bool = False) -> bytes:
+    """A plain chat request (~1 KB): a system prompt and a short exchange with a person, no tools
+    offered and no tool call anywhere, the way a chat UI sends it."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. Answer briefly and precisely."},
+        {"role": "user", "content": "What does a reverse proxy do, in two sentences?"},
+        {
+            "role": "assistant",
+            "content": "A reverse proxy receives requests on behalf of one or more servers and "
+            "forwards them, returning the servers' answers as its own. It is used for load "
+            "balancing, caching, TLS termination and inspecting or filtering traffic.",
+        },
+        {"role": "user", "content": "And how is that different from a forward proxy? Keep it short."},
+    ]
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "stream": stream}
+    return orjson.dumps(body)
 
 
 def _work_call(rng: random.Random, k: int) -> tuple[str, dict[str, Any], str]:
@@ -276,6 +336,28 @@ COMPLETION = orjson.dumps(
             }
         ],
         "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020},
+    }
+)
+
+#: The answer to a request that offers no tools (the plain chat workload): text, no calls.
+CHAT_COMPLETION = orjson.dumps(
+    {
+        "id": "chatcmpl-bench-chat",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "A forward proxy acts for the clients (it hides them from the "
+                    "servers); a reverse proxy acts for the servers (it hides them from the clients).",
+                },
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150},
     }
 )
 

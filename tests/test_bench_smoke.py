@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache"}
+RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache", "loopguard-uvloop"}
 ALL_ARMS = RUN_ARMS | {"litellm"}
-CELLS = {f"{w}/c{c}" for w in ("small", "agent", "stream") for c in (1, 16)}
+CELLS = {f"{w}/c{c}" for w in ("small", "agent", "chat", "stream") for c in (1, 16)}
 FIGURES = {
     "n",
     "errors",
@@ -101,9 +101,13 @@ def test_bench_smoke_gives_every_arm_every_figure(tmp_path: Path) -> None:
         assert mem["n"] == mem["requests"] > 0 and mem["errors"] == 0, name
         assert mem["rss_after_first_mb"] > 0 and mem["rss_after_all_mb"] > 0
 
-    # the default guards really rewrote every request; with every guard off, none
+    # the default guards really rewrote every looping request and skipped every plain chat (no
+    # tools, no calls: nothing to guard); with every guard off, none rewritten
     lg, off = res["loopguard_stats"], res["loopguard_off_stats"]
-    assert lg["guarded_requests"] > 0 and lg["rewritten_requests"] == lg["guarded_requests"]
+    chats = sum(res["workloads"][f"chat/c{c}"]["loopguard"]["n"] for c in (1, 16))  # no warm-up
+    assert lg["nothing_to_guard"] == chats == 3 + 16
+    assert lg["guarded_requests"] > 0
+    assert lg["rewritten_requests"] == lg["guarded_requests"] - lg["nothing_to_guard"]
     assert lg["internal_errors"] == 0
     assert off["rewritten_requests"] == 0
 

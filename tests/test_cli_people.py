@@ -146,7 +146,7 @@ def test_console_format_is_for_people_and_has_no_colour_off_a_terminal(config_fi
     pattern = (
         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[info     \] listening +host=127\.0\.0\.1 port=\d+ "
         r"upstream=http://127\.0\.0\.1:9/v1 config=(?P<config>\S+) guards=(?P<guards>\{.*\}) capture=None "
-        r"state=memory"
+        r"state=memory event_loop=(?P<loop>'uvloop [\d.]+'|asyncio)"
     )
     m = re.fullmatch(pattern, line.rstrip("\n"))
     assert m is not None, line

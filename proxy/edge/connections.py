@@ -98,9 +98,9 @@ async def read_body(request: web.Request, idle_s: float | None) -> bytes:
     """The whole request body, like ``request.read()`` (413 past ``client_max_size``), but
     raising :class:`BodyTimeout` when no byte arrives for ``idle_s`` seconds between two reads
     (None: wait forever)."""
-    if idle_s is None:
-        return await request.read()
     content = request.content
+    if idle_s is None or content.is_eof():  # no wait, or every byte already here: no timer to arm
+        return await request.read()
     limit = request.client_max_size
     body = bytearray()
     if limit and hasattr(content, "set_read_chunk_size"):  # as request.read() does (newer aiohttp):

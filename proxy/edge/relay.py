@@ -303,19 +303,28 @@ def _plan(
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
     checkpoint = decision.checkpoint if decision is not None else None
-    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint)
+    lazy = None
+    if decision is not None and decision.plain:  # no call in its history: a judge only when needed
+        transcript, lazy = None, lambda: decision.transcript
+    elif transcript is None and not _cuts(cfg) and (on_answer is None or wire != "responses"):
+        return None  # no judge (nothing read), no cut on, no store to feed: nothing reads the answer
+    d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint, lazy)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
     if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)
         fix = repair.for_request(enforce_cfg, transcript, decision.body)
         shadow_fix = repair.for_request(d.shadow_cfg, transcript, decision.body)
+    # what can apply to this answer: the repair of calls written as text only with a repairer
+    # (a chat request that offered tools), so an answer nothing else reads passes through
+    enforcing = judge is not None or _cuts(enforce_cfg) or fix is not None
+    observing = d.shadow_judge is not None or _cuts(d.shadow_cfg) or shadow_fix is not None
     shadow = (
         Shadow(wire, kind == "sse", d.shadow_cfg, d.shadow_judge, shadow_fix)
-        if encoding is None and d.observing
+        if encoding is None and observing
         else None
     )
-    if not d.enforcing or encoding is not None:
-        unread = CONTENT_ENCODING if encoding is not None and (d.enforcing or d.observing) else None
+    if not enforcing or encoding is not None:
+        unread = CONTENT_ENCODING if encoding is not None and (enforcing or observing) else None
         if on_answer is None or wire != "responses":
             if shadow is None and unread is None:
                 return None
@@ -340,6 +349,12 @@ def _plan(
         shadow=shadow,
         repair=fix,
     )
+
+
+def _cuts(cfg: Config) -> bool:
+    """The runaway or degenerate-text checks are on (they read any answer)."""
+    r = cfg.response
+    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -440,9 +455,12 @@ async def relay_json(
     response: web.StreamResponse,
     side: ResponseSide,
     stats: Stats,
-) -> None:
-    """Buffer a JSON body, decide, write it (prepares ``response``). An upstream read error
-    propagates after the bytes received so far are written unchanged."""
+) -> web.StreamResponse:
+    """Buffer a JSON body, decide, write it: returns the response written, a
+    :class:`aiohttp.web.Response` with ``response``'s status and headers sent with the body in one
+    write (a JSON answer is held whole: headers alone, then the body, cost the agent a second
+    segment and the proxy a second system call). An upstream read error propagates after the
+    bytes received so far are written unchanged through ``response``."""
     body = bytearray()
     try:
         async for chunk in upstream.content.iter_any():
@@ -472,11 +490,12 @@ async def relay_json(
         failed(stats, "json", exc)
         side.unread = INTERNAL_ERROR
         new = None
-    if new is not None:
-        response.headers.popall("Content-Length", None)
-        response.content_length = len(new)
-    await response.prepare(request)
-    await response.write(raw if new is None else new)
+    out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
+    out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
+    out.body = raw if new is None else new
+    await out.prepare(request)
+    await out.write_eof()
+    return out
 
 
 async def relay_observed(

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import structlog
 
+from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.guards.stop_note import stop_note_for
@@ -40,6 +42,24 @@ class Runtime:
     cfg: Config
     guards: tuple[Guard, ...]
     memory: Memory
+    #: ``cfg.observed_rules()``, computed once per config
+    observed: frozenset[str] = frozenset()
+    #: the dialects whose requests with nothing to guard in their bytes skip the guards
+    #: (:mod:`proxy.request.plain`, :func:`plain_dialects`)
+    plain: tuple[ModuleType, ...] = ()
+
+
+def plain_dialects(cfg: Config, memory: Memory) -> tuple[ModuleType, ...]:
+    """The dialects for which the nothing-to-guard path keeps every effect of a full read: none
+    with per-conversation memory (the turn guard remembers when a turn was first seen, plain or
+    not), a capture (it records every guarded request) or the stream conversion (it reads the
+    body); the Responses API only without its store (which keeps the answer of every request
+    not sent with ``store: false``, for later ``previous_response_id`` chains)."""
+    if memory.enabled or cfg.capture.path or cfg.upstream.stream_json_requests:
+        return ()
+    if cfg.responses_store.max_entries == 0:
+        return (openai_chat, anthropic_messages, openai_responses)
+    return (openai_chat, anthropic_messages)
 
 
 def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
@@ -53,8 +73,10 @@ def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
         stop_note_for(cfg),
     )
     if previous is None:
-        return Runtime(cfg, guards, Memory(guards))
-    return Runtime(cfg, guards, Memory(guards, previous.memory.store, previous.memory.clock))
+        memory = Memory(guards)
+    else:
+        memory = Memory(guards, previous.memory.store, previous.memory.clock)
+    return Runtime(cfg, guards, memory, cfg.observed_rules(), plain_dialects(cfg, memory))
 
 
 class Live:

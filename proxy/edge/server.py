@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import ipaddress
 import signal
@@ -90,11 +91,12 @@ from proxy.ops.incidents import IncidentLog
 from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.ops.metrics import Metrics
 from proxy.ops.observe import SERVER_LOG, Stats, action_summary
+from proxy.request import plain
 from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Answer, ResponseStore, store_key
-from proxy.request.rewrite import RequestDecision, decide_request
+from proxy.request.rewrite import RequestDecision, decide_plain, decide_request
 from proxy.request.shared import newer
 from proxy.response import as_stream
 
@@ -180,21 +182,29 @@ LINGER_S = 1.0
 
 #: What a request on a kept-alive connection the upstream has just closed fails with, before any
 #: answer: retried once on a fresh connection (aiohttp drops the dead connection from its pool).
-#: Only a reused connection is retried (:func:`_note_reuse`); on a fresh one the upstream got the
+#: Only a reused connection is retried (:class:`_Connector`); on a fresh one the upstream got the
 #: request, so the failure is a 502.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-async def _note_reuse(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
-    """aiohttp trace hook: the request is going out on a pooled (kept-alive) connection."""
-    if isinstance(ctx.trace_request_ctx, dict):
-        ctx.trace_request_ctx["reused"] = True
+#: The attempt of the request being sent in this task (``{"reused": bool}``), for the connector.
+_ATTEMPT: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("attempt", default=None)
 
 
-def _trace_config() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_note_reuse)
-    return trace
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, telling the request being sent (:data:`_ATTEMPT`) whether the pool
+    handed it a kept-alive connection: a protocol it handed out before. Instead of a trace
+    config, whose hooks aiohttp calls on every request for every event."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        attempt = _ATTEMPT.get()
+        if protocol is not None:
+            if attempt is not None:
+                attempt["reused"] = getattr(protocol, "_lg_handed_out", False)
+            protocol._lg_handed_out = True  # a ResponseHandler has a __dict__
+        return conn
 
 
 #: A read from the upstream that waited longer than ``upstream.read_timeout_s`` (aiohttp >= 3.10
@@ -443,7 +453,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             dialect=dialect,
             previous=previous,
             prefixes=app[PREFIX_KEY],  # type: ignore[arg-type]
-            observed=rt.cfg.observed_rules(),
+            observed=rt.observed,
         )
 
     try:  # with a shared backend, what the decision asks for is fetched first (proxy.edge.shared_state)
@@ -652,6 +662,13 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     dialect = _dialect(request) if rt.guards else None
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
+    elif dialect is not None and dialect in rt.plain and plain.nothing_to_guard(raw):
+        # no tool call, result or offered tool anywhere in the bytes: the guards would find
+        # nothing; the answer's side still runs what applies to any answer (relay.plan)
+        decision = decide_plain(raw, request.headers, rt.cfg.conversation_key.headers, dialect)
+        if decision.unguarded is None:
+            st.guarded_requests += 1
+            st.nothing_to_guard += 1
     elif dialect is not None:
         decision = await _decide(request, raw, dialect)
         if decision.unguarded is None:
@@ -773,7 +790,8 @@ async def _forward(
     attempt: dict[str, bool] = {}
 
     async def send() -> aiohttp.ClientResponse:
-        attempt["reused"] = False  # set by _note_reuse when the pool hands out a kept-alive connection
+        attempt["reused"] = False  # set by _Connector when the pool hands out a kept-alive connection
+        _ATTEMPT.set(attempt)
         return await app[SESSION_KEY].request(
             request.method,
             url,
@@ -781,7 +799,6 @@ async def _forward(
             data=(streamed if streamed is not None else body) if body or request.can_read_body else None,
             allow_redirects=False,
             skip_auto_headers=forward.SKIP_AUTO_HEADERS,
-            trace_request_ctx=attempt,
         )
 
     try:
@@ -843,7 +860,13 @@ async def _forward(
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
         try:
-            if side is None:
+            whole = await _whole_answer(request, upstream) if side is None else None
+            if whole is not None:  # the answer came whole: headers and body in one write
+                headers_out = response.headers
+                response = web.Response(status=upstream.status, reason=upstream.reason, headers=headers_out)
+                response.body = whole
+                await response.prepare(request)
+            elif side is None:
                 await response.prepare(request)
                 sse = upstream.content_type == "text/event-stream"
                 tail = b""
@@ -853,7 +876,7 @@ async def _forward(
                         request[DELIVERED] = True  # the agent has the whole answer
                     tail = chunk[-16:]
             elif side.kind == "json":
-                await relay.relay_json(request, upstream, response, side, st)
+                response = await relay.relay_json(request, upstream, response, side, st)
             elif side.kind == "observe":
                 await response.prepare(request)
                 await relay.relay_observed(upstream, response, side, st)
@@ -921,6 +944,23 @@ async def _forward(
             conversation = decision.conversation if decision is not None else ""
             chain = decision.chain if decision is not None else None
             relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields, chain)
+
+
+async def _whole_answer(request: web.Request, upstream: aiohttp.ClientResponse) -> bytes | None:
+    """The upstream's whole body when all of it has already arrived (a ``Content-Length`` answer
+    that is not an event stream, to a request that is not ``HEAD``), else None: then nothing was
+    read and the caller relays the body chunk by chunk. Nothing waits for bytes to come."""
+    length = upstream.content_length
+    if (
+        not length
+        or request.method == "HEAD"
+        or upstream.content_type == "text/event-stream"
+        or upstream.status in (204, 304)
+    ):
+        return None
+    if not upstream.content.is_eof():  # not all here yet
+        return None
+    return await upstream.content.read()  # what has arrived, at once (the parser ended it)
 
 
 #: Upstream response headers that describe an event stream, not the JSON answer made of it.
@@ -1063,13 +1103,12 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     app[SESSION_KEY] = aiohttp.ClientSession(
         # one upstream connection per agent connection: a request never waits for a pooled one
         # (aiohttp's default pool of 100 made the 101st concurrent request wait with no timeout)
-        connector=aiohttp.TCPConnector(limit=app[CONFIG_KEY].listen.max_connections, limit_per_host=0),
+        connector=_Connector(limit=app[CONFIG_KEY].listen.max_connections, limit_per_host=0),
         timeout=timeout,
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=HEADER_LIMIT,
         max_field_size=HEADER_LIMIT,
-        trace_configs=[_trace_config()],
     )
     yield
     await app[SESSION_KEY].close()
@@ -1160,15 +1199,18 @@ def end_grace(app: web.Application) -> None:
 
 
 async def serve_forever(
-    cfg: Config, loader: Callable[[], Config] | None = None, source: str | None = None
+    cfg: Config,
+    loader: Callable[[], Config] | None = None,
+    source: str | None = None,
+    loop_name: str = "asyncio",
 ) -> None:
     """Serve until SIGTERM or SIGINT (handlers installed, so this works as PID 1 too), then shut
     down: stop accepting, let requests in flight finish for up to ``listen.shutdown_grace_s``,
     end the rest (a stream gets the error event), write their log lines, return (exit 0).
     SIGHUP re-reads the config through ``loader`` (:func:`proxy.edge.runtime.reload`; a rejected
     file is logged). ``source``: the config file's path, for the startup line (None: built-in
-    defaults). Raises OSError when the address cannot be bound (the CLI says so in one line,
-    exit 2)."""
+    defaults); ``loop_name``: the event loop it runs on, for the same line. Raises OSError when
+    the address cannot be bound (the CLI says so in one line, exit 2)."""
     runner, port = await start(cfg, loader, shutdown_timeout_s=FINISH_S)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -1188,6 +1230,7 @@ async def serve_forever(
         guards=cfg.modes(),
         capture=cfg.capture.path or None,
         state=forward.redact_url(cfg.state.backend),
+        event_loop=loop_name,
     )
     if not cfg.admin_token:
         log.warning(

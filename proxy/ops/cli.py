@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -79,6 +80,7 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("LOOPGUARD_UPSTREAM", "the upstream base URL (as --upstream; upstream.url)"),
     ("LOOPGUARD_HOST", "the listen address (as --host; listen.host)"),
     ("LOOPGUARD_PORT", "the listen port (as --port; listen.port)"),
+    ("LOOPGUARD_EVENT_LOOP", "auto (uvloop when installed), asyncio or uvloop"),
 )
 
 
@@ -190,15 +192,42 @@ def _check_config(path: str) -> int:
     return 0
 
 
+#: ``LOOPGUARD_EVENT_LOOP``: ``auto`` (uvloop when it is installed, else asyncio's own loop),
+#: ``asyncio`` or ``uvloop`` (an error when it is not installed).
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def event_loop(env: Mapping[str, str]) -> tuple[Callable[[Any], Any], str]:
+    """How ``serve`` runs its event loop, and the loop's name for the ``listening`` line:
+    uvloop (``pip install 'loopguard[uvloop]'``; a faster loop and transports written in C) when
+    it is importable, unless ``LOOPGUARD_EVENT_LOOP`` says ``asyncio``. Raises ConfigError for
+    another value, or for ``uvloop`` when it is not installed."""
+    wanted = env.get("LOOPGUARD_EVENT_LOOP", "auto") or "auto"
+    if wanted not in EVENT_LOOPS:
+        raise ConfigError("LOOPGUARD_EVENT_LOOP", f"must be one of {', '.join(EVENT_LOOPS)}, got {wanted!r}")
+    if wanted != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if wanted == "uvloop":
+                raise ConfigError(
+                    "LOOPGUARD_EVENT_LOOP", "uvloop is not installed (pip install 'loopguard[uvloop]')"
+                ) from None
+        else:
+            return uvloop.run, f"uvloop {uvloop.__version__}"
+    return asyncio.run, "asyncio"
+
+
 def _serve(
     cfg: Config, args: argparse.Namespace, source: str | None, reread: Callable[[], Config] | None = None
 ) -> int:
     from proxy.edge.server import serve_forever
 
-    configure_logging(args.log_level, args.log_format or default_log_format())
+    configure_logging(args.log_level, args.log_format or default_log_format(), cache=True)
+    run, loop_name = event_loop(os.environ)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_forever(cfg, reread, source))
+            run(serve_forever(cfg, reread, source, loop_name))
     except OSError as e:
         if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             why = {errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror or str(e))
@@ -222,6 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return replay_main(args, load_config(args.config))
         cfg = effective_config(args, os.environ)
+    except ConfigError as e:
+        print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
+        return 2
+
+    try:
+        event_loop(os.environ)
     except ConfigError as e:
         print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@ double bookkeeping); only the added-latency histogram is observed per request. E
 registry, so several proxies in one process (tests) never share series.
 
 Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
-``loopguard_rewritten_requests_total``, ``loopguard_actions_total{rule,kind,mode}`` (fresh
+``loopguard_nothing_to_guard_total`` (guarded requests with no tool call, result or offered tool:
+no guard ran, :mod:`proxy.request.plain`), ``loopguard_rewritten_requests_total``,
+``loopguard_actions_total{rule,kind,mode}`` (fresh
 actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, issue 16),
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
@@ -46,6 +48,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _COUNTERS = (
     ("requests", "Requests received (any path)."),
     ("guarded_requests", "Chat-completion requests read by the guards."),
+    ("nothing_to_guard", "Guarded requests with no tool call, result or offered tool (no guard run)."),
     ("rewritten_requests", "Requests whose body the guards changed."),
     ("internal_errors", "Internal errors that were failed open (original bytes forwarded)."),
     ("upstream_errors", "Upstream unreachable or dropped mid-response."),

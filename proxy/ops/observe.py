@@ -83,10 +83,13 @@ def default_log_format() -> str:
         return "json"
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
+def configure_logging(level: str = "info", fmt: str = "json", cache: bool = False) -> None:
     """One event per line on stderr, ISO-8601 UTC timestamps (``level``: debug, info, warning or
     error). ``fmt``: ``json`` (JSON lines) or ``console`` (structlog's ConsoleRenderer: aligned
     ``time [level] event key=value``, in colour when stderr is a terminal; for people).
+    ``cache``: each module's logger is bound once, at its first event, instead of at every event
+    (structlog's ``cache_logger_on_first_use``; for a server process, whose logging is
+    configured once; tests that reconfigure logging keep the default).
     Raises ValueError for another ``fmt``."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
@@ -108,7 +111,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=lambda *args: StderrLogger(),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=cache,
     )
 
 
@@ -144,6 +147,9 @@ class Stats:
     requests: int = 0
     guarded_requests: int = 0
     rewritten_requests: int = 0
+    #: guarded requests with no tool call, result or offered tool in their bytes, forwarded
+    #: without a guard run (:mod:`proxy.request.plain`; also counted in ``guarded_requests``)
+    nothing_to_guard: int = 0
     reminders_injected: int = 0
     results_withheld: int = 0
     #: response side: turns ended (Stop), responses cut (runaway / degenerate text, applied ones)
@@ -216,6 +222,7 @@ class Stats:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "requests": self.requests,
             "guarded_requests": self.guarded_requests,
+            "nothing_to_guard": self.nothing_to_guard,
             "rewritten_requests": self.rewritten_requests,
             "reminders_injected": self.reminders_injected,
             "results_withheld": self.results_withheld,

@@ -49,6 +49,9 @@ class RequestDecision:
     #: the guards' checkpoint of ``transcript`` (:class:`proxy.guards.resume.Checkpoint`; None: no
     #: step, or a chained Responses request), for the response side to resume from
     checkpoint: Checkpoint | None = None
+    #: the body has nothing to guard (:func:`proxy.request.plain.nothing_to_guard`): not decoded,
+    #: no guard run; the response side builds its stop judge from ``body`` only if an answer has calls
+    plain: bool = False
 
 
 #: ``RequestDecision.unguarded`` for JSON that is not a chat request the dialect reads.
@@ -148,6 +151,32 @@ def decide_request(
     if out is None:
         return RequestDecision(raw, actions, False, key, model, stream, transcript, checkpoint=checkpoint)
     return RequestDecision(out, actions, True, key, model, stream, transcript, checkpoint=checkpoint)
+
+
+def decide_plain(
+    raw: bytes, headers: Mapping[str, str], header_names: Sequence[str], dialect: Dialect
+) -> RequestDecision:
+    """:func:`decide_request` for a body with nothing to guard
+    (:func:`proxy.request.plain.nothing_to_guard` said so from its bytes): the same decision,
+    read without the guards or the prefix cache. Every guard reads tool calls and this history
+    has none, so there are no actions and the body goes as it came; what the decision tells
+    (conversation key, model, stream, transcript, or why the body is unguarded) is what a full
+    read tells. ``plain`` is True for a readable body: the response side then builds its stop
+    judge only for an answer with calls (:class:`proxy.response.decide.LazyJudge`)."""
+    try:
+        body = jsonbody.decode(raw)
+    except jsonbody.Unreadable as exc:
+        return RequestDecision(raw, (), False, unguarded=exc.reason)
+    if not isinstance(body, dict):
+        return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    key = conversation_key(headers, body, header_names)
+    try:
+        transcript = dialect.parse_request(body)
+    except DialectError:
+        return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
+    return RequestDecision(raw, (), False, key, model, stream, transcript, plain=True)
 
 
 def _find(

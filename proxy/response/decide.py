@@ -41,10 +41,11 @@ history (for the first-stop-per-conversation incident record).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -451,6 +452,7 @@ def decide_json(
 _TAIL = 4096
 
 
+@functools.lru_cache(maxsize=64)
 def _template_pattern(template: str) -> re.Pattern[str]:
     parts: list[str] = []
     for literal, name, _, _ in string.Formatter().parse(template):
@@ -477,9 +479,30 @@ def _gemini_message(content: Any) -> Any:
     return {"role": "assistant", "content": text, "tool_calls": calls}
 
 
+#: Characters JSON writes as they are (no encoder escapes them, short of a ``\\u`` escape).
+_VERBATIM = re.compile(r"[^\x20-\x7e]|[\"\\/]")
+
+
+@functools.lru_cache(maxsize=64)
+def _needle(template: str) -> bytes:
+    """The longest run of the template's literal text that a JSON encoder writes verbatim (b"":
+    none): a message ending with the filled template holds it, so a body without it has none."""
+    runs = [
+        run for literal, _, _, _ in string.Formatter().parse(template) for run in _VERBATIM.split(literal)
+    ]
+    return max(runs, key=len, default="").encode()
+
+
 def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
-    text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions."""
+    text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions.
+    A body that holds no part of any stop text (and no JSON escape that could spell one) has
+    none, and is not decoded; Gemini ``parts`` are joined without a separator, so a body with
+    ``parts`` is always decoded (a text could span two of them)."""
+    needles = {_needle(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
+    quick = b"\\u" not in request_body and b'"parts"' not in request_body
+    if quick and all(n and n not in request_body for n in needles):
+        return []
     try:
         body = jsonbody.decode(request_body)
     except jsonbody.Unreadable:
@@ -551,6 +574,33 @@ class Deciders:
         return self.shadow_judge is not None or cuts_enabled(self.shadow_cfg)
 
 
+class LazyJudge:
+    """The stop judge of a request with nothing to guard (:mod:`proxy.request.plain`: no tool
+    call in its history, so not decoded), built from the body by ``make`` on the first answer
+    with calls. Until then it answers as :class:`StopJudge` does over a history without calls:
+    ``on_text_only`` is False (:meth:`proxy.guards.monologue.Monologue.stop_possible` needs a
+    call) and a text-only answer gets no stop. ``make`` returns None for a body the dialect
+    cannot read (no judge, as for any unreadable request)."""
+
+    __slots__ = ("_judge", "_make", "action_shapes")
+
+    on_text_only = False
+
+    def __init__(self, make: Callable[[], StopJudge | None], action_shapes: frozenset[str]) -> None:
+        self._make: Callable[[], StopJudge | None] | None = make
+        self._judge: StopJudge | None = None
+        #: as :attr:`StopJudge.action_shapes` (the history's harness shapes: none without a fence)
+        self.action_shapes = action_shapes
+
+    def __call__(self, calls: Sequence[AssembledCall], text: str = "") -> Stop | None:
+        if not calls:
+            return None
+        if self._make is not None:
+            make, self._make = self._make, None
+            self._judge = make()
+        return self._judge(calls, text) if self._judge is not None else None
+
+
 def deciders(
     transcript: Transcript | None,
     request_actions: Sequence[Action],
@@ -558,6 +608,7 @@ def deciders(
     ctx: Context,
     cfg: Config,
     checkpoint: Checkpoint | None = None,
+    lazy: Callable[[], Transcript | None] | None = None,
 ) -> Deciders:
     """Split the response side by ``cfg.observed_rules()``: the cuts go to the enforced part
     unless ``response.mode`` is observe; an enforced stop judge reads only the applied request
@@ -565,19 +616,52 @@ def deciders(
     observed one (``stop.mode: observe``, or any guard observed: the stop enforcing it would
     make) reads all of them and asks every guard. ``transcript`` None: no judge at all.
     ``checkpoint``: the request's (:attr:`proxy.request.rewrite.RequestDecision.checkpoint`), for
-    the judges' guards to resume from."""
+    the judges' guards to resume from. ``lazy``: instead of ``transcript``, for a request with
+    nothing to guard: what gives its transcript (None: unreadable, no judge); the judge is built
+    only when an answer has calls (:class:`LazyJudge`)."""
     observed = cfg.observed_rules()
-    enforce_cfg = without_cuts(cfg) if "runaway" in observed else cfg
-    shadow_cfg = cfg if "runaway" in observed else without_cuts(cfg)
+    enforce_cfg, shadow_cfg = _split(cfg, "runaway" in observed)
     judge = shadow = None
-    if transcript is not None and StopJudge.enabled(cfg):
+
+    def judge_of(actions: Sequence[Action], asked: Sequence[Guard]) -> Any:
+        if transcript is not None:
+            return StopJudge(transcript, actions, asked, ctx, cfg, checkpoint)
+        assert lazy is not None
+
+        read = lazy()
+        if read is None:
+            return None
+
+        def make() -> StopJudge:
+            return StopJudge(read, actions, asked, ctx, cfg, checkpoint)
+
+        return LazyJudge(make, read.action_shapes)
+
+    if (transcript is not None or lazy is not None) and StopJudge.enabled(cfg):
         if "stop" not in observed:
             enforced = tuple(g for g in guards if getattr(g, "name", None) not in observed)
             kept = tuple(a for a in request_actions if not a.observed)
-            judge = StopJudge(transcript, kept, enforced, ctx, cfg, checkpoint)
+            judge = judge_of(kept, enforced)
         if "stop" in observed or any(getattr(g, "name", None) in observed for g in guards):
-            shadow = StopJudge(transcript, request_actions, guards, ctx, cfg, checkpoint)
+            shadow = judge_of(request_actions, guards)
     return Deciders(enforce_cfg, judge, shadow_cfg, shadow)
+
+
+#: (config, runaway observed) → (enforced config, shadow config): the two views of a config are
+#: built once per config (a frozen dataclass), not per answer; a few entries (reloads).
+_SPLITS: dict[tuple[int, bool], tuple[Config, Config, Config]] = {}
+
+
+def _split(cfg: Config, runaway_observed: bool) -> tuple[Config, Config]:
+    hit = _SPLITS.get((id(cfg), runaway_observed))
+    if hit is not None and hit[0] is cfg:
+        return hit[1], hit[2]
+    off = without_cuts(cfg)
+    views = (off, cfg) if runaway_observed else (cfg, off)
+    if len(_SPLITS) >= 16:
+        _SPLITS.clear()
+    _SPLITS[(id(cfg), runaway_observed)] = (cfg, *views)
+    return views
 
 
 def observed_actions(applied: Sequence[Action], shadow: Sequence[Action]) -> list[Action]:
