@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.actions import Action, Remind
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody
 from proxy.dialects.fold import FoldState
@@ -256,43 +256,8 @@ def apply(
     in the module docstring). ``body``: ``raw`` decoded, when the caller has it; ``spans``: the
     messages' byte spans, when known (:mod:`proxy.request.prefix_cache`). Returns the new body,
     or None when no action applies (a position that is no slot, a withhold of anything but a
-    result, is ignored)."""
-    if body is None:
-        body = jsonbody.decode(raw)
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
-        return None
-    layout = slots(messages)
-    withheld, grouped = _targets(actions, layout)
-    if not withheld and not grouped:
-        return None
-
-    if spans is None:
-        start = jsonbody.member_start(raw, jsonbody.root(raw), "messages", body)
-        if start is None or raw[start : start + 1] != b"[":
-            return None
-        spans = jsonbody.items(raw, start, messages)
-    if len(spans) != len(messages):  # "messages" given twice: the decoders read another one
-        return None
-    out = _plan(raw, layout, withheld, grouped, messages, spans)
-    return jsonbody.splice(raw, [e for _, e in out]) if out else None
-
-
-def _targets(
-    actions: Sequence[Action], layout: Sequence[Slot]
-) -> tuple[dict[int, str], dict[int, list[Remind]]]:
-    """The withheld result slots (the first text per slot) and the reminders by slot."""
-    withheld: dict[int, str] = {}
-    for a in actions:
-        if not isinstance(a, Withhold) or not 0 <= a.position < len(layout) or a.position in withheld:
-            continue
-        if layout[a.position].kind == "result":
-            withheld[a.position] = a.text
-    grouped: dict[int, list[Remind]] = {}
-    for a in actions:
-        if isinstance(a, Remind) and 0 <= a.after < len(layout):
-            grouped.setdefault(a.after, []).append(a)
-    return withheld, grouped
+    result, is ignored; :func:`proxy.dialects.edits.apply_slots`)."""
+    return edits.apply_slots(raw, actions, body, _WIRE, spans)
 
 
 def _plan(
@@ -303,8 +268,9 @@ def _plan(
     messages: list[Any],
     spans: Sequence[tuple[int, int]],
 ) -> list[tuple[int, edits.Edit]]:
-    """The edits :func:`apply` makes for ``withheld`` and ``grouped`` (:func:`_targets`), each with
-    the slot it belongs to (an edit of a slot lies inside its message or at its end)."""
+    """The edits :func:`apply` makes for ``withheld`` and ``grouped``
+    (:func:`proxy.dialects.edits.targets`), each with the slot it belongs to (an edit of a slot
+    lies inside its message or at its end)."""
     message_fields: dict[int, dict[str, tuple[int, int]]] = {}
     block_spans: dict[int, list[tuple[int, int]]] = {}
 
@@ -357,6 +323,10 @@ def _plan(
     return out
 
 
+#: How :func:`apply` finds the slots it edits and plans their edits.
+_WIRE = edits.SlotWire(ITEMS, slots, _plan)
+
+
 def apply_kept(
     raw: bytes,
     actions: Sequence[Action],
@@ -366,15 +336,7 @@ def apply_kept(
     cut: int | None,
 ) -> edits.Applied:
     """:func:`apply` reusing the previous request's edits before its cut (a slot position;
-    :func:`proxy.dialects.edits.reuse`, whose promise on ``kept`` holds here). A body whose
-    messages are not a list or do not match ``spans`` is a full :func:`apply` that keeps nothing."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list) or len(spans) != len(messages):
-        return edits.Applied(apply(raw, actions, body, spans), None)
-    layout = slots(messages)
-
-    def plan(some: Sequence[Action]) -> list[tuple[int, edits.Edit]]:
-        withheld, grouped = _targets(some, layout)
-        return _plan(raw, layout, withheld, grouped, messages, spans) if withheld or grouped else []
-
-    return edits.reuse(raw, actions, spans, kept, cut, plan, len(layout))
+    :func:`proxy.dialects.edits.apply_slots_kept`, whose promise on ``kept`` holds here). A body
+    whose messages are not a list or do not match ``spans`` is a full :func:`apply` that keeps
+    nothing."""
+    return edits.apply_slots_kept(raw, actions, body, _WIRE, spans, kept, cut)

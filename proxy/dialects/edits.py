@@ -23,7 +23,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.actions import Action, Remind, Withhold
 from proxy.dialects import jsonbody, text_calls
@@ -279,6 +279,108 @@ def reuse(
         else:
             mine = Kept(cut, _split(actions, cut)[0], tuple(x for x in (*reused, *fresh) if x[0] < cut), base)
     return Applied(out, mine, hit)
+
+
+class Slotted(Protocol):
+    """A transcript position of a dialect whose positions are *slots* (Gemini, Messages): one
+    item can hold several positions, and ``kind`` says what one is (``result`` is the only kind
+    a withhold applies to)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+#: A slotted dialect's edits: ``(raw, layout, withheld, grouped, items, spans)`` to the edits,
+#: each with the slot it belongs to (:func:`targets` gives ``withheld`` and ``grouped``).
+SlotPlan = Callable[
+    [bytes, Sequence[Any], dict[int, str], dict[int, list[Remind]], list[Any], Sequence[tuple[int, int]]],
+    list[tuple[int, Edit]],
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWire:
+    """A slotted dialect's rewrite: ``items``, the top-level member holding the history (a list);
+    ``slots(items)``, its positions in order (:class:`Slotted`; may raise
+    :class:`proxy.errors.DialectError`); ``plan``, its edits (:data:`SlotPlan`)."""
+
+    items: str
+    slots: Callable[[list[Any]], Sequence[Any]]
+    plan: SlotPlan
+
+
+def targets(
+    actions: Sequence[Action], layout: Sequence[Slotted]
+) -> tuple[dict[int, str], dict[int, list[Remind]]]:
+    """The withheld result slots of ``layout`` (the first text per slot; a withhold of another
+    kind of slot, or of no slot, is ignored) and the reminders by slot (in action order)."""
+    withheld: dict[int, str] = {}
+    for a in actions:
+        if not isinstance(a, Withhold) or not 0 <= a.position < len(layout) or a.position in withheld:
+            continue
+        if layout[a.position].kind == "result":
+            withheld[a.position] = a.text
+    grouped: dict[int, list[Remind]] = {}
+    for a in actions:
+        if isinstance(a, Remind) and 0 <= a.after < len(layout):
+            grouped.setdefault(a.after, []).append(a)
+    return withheld, grouped
+
+
+def apply_slots(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    wire: SlotWire,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> bytes | None:
+    """A slotted dialect's ``apply``: write ``actions`` into ``raw`` with ``wire.plan``. ``body``:
+    ``raw`` decoded, or None (then it is decoded here); ``spans``: the items' byte spans, when
+    known (:mod:`proxy.request.prefix_cache`). Returns the new body, or None when no action
+    applies, the history is not a list, or its spans do not match it (the member given twice:
+    the decoders read another one)."""
+    if body is None:
+        body = jsonbody.decode(raw)
+    listed = body.get(wire.items) if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        return None
+    layout = wire.slots(listed)
+    withheld, grouped = targets(actions, layout)
+    if not withheld and not grouped:
+        return None
+    if spans is None:
+        start = jsonbody.member_start(raw, jsonbody.root(raw), wire.items, body)
+        if start is None or raw[start : start + 1] != b"[":
+            return None
+        spans = jsonbody.items(raw, start, listed)
+    if len(spans) != len(listed):
+        return None
+    out = wire.plan(raw, layout, withheld, grouped, listed, spans)
+    return jsonbody.splice(raw, [e for _, e in out]) if out else None
+
+
+def apply_slots_kept(
+    raw: bytes,
+    actions: Sequence[Action],
+    body: Any,
+    wire: SlotWire,
+    spans: Sequence[tuple[int, int]],
+    kept: Kept | None,
+    cut: int | None,
+) -> Applied:
+    """:func:`apply_slots` reusing the previous request's edits before its cut (a slot position;
+    :func:`reuse`, whose promise on ``kept`` holds here). A body whose history is not a list or
+    does not match ``spans`` is a full :func:`apply_slots` that keeps nothing."""
+    listed = body.get(wire.items) if isinstance(body, dict) else None
+    if not isinstance(listed, list) or len(spans) != len(listed):
+        return Applied(apply_slots(raw, actions, body, wire, spans), None)
+    layout = wire.slots(listed)
+
+    def plan(some: Sequence[Action]) -> list[tuple[int, Edit]]:
+        withheld, grouped = targets(some, layout)
+        return wire.plan(raw, layout, withheld, grouped, listed, spans) if withheld or grouped else []
+
+    return reuse(raw, actions, spans, kept, cut, plan, len(layout))
 
 
 def whole_results(

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.actions import Action, Remind
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody, text_calls
 from proxy.dialects.fold import FoldState
@@ -277,41 +277,8 @@ def apply(
     in the module docstring). ``body``: ``raw`` decoded, when the caller has it; ``spans``: the
     contents' byte spans, when known (:mod:`proxy.request.prefix_cache`). Returns the new body, or
     None when no action applies (a position that is no slot, a withhold of anything but a result,
-    is ignored)."""
-    if body is None:
-        body = jsonbody.decode(raw)
-    contents = body.get("contents") if isinstance(body, dict) else None
-    if not isinstance(contents, list):
-        return None
-    layout = slots(contents)
-    withheld, grouped = _targets(actions, layout)
-    if not withheld and not grouped:
-        return None
-    if spans is None:
-        start = jsonbody.member_start(raw, jsonbody.root(raw), "contents", body)
-        if start is None or raw[start : start + 1] != b"[":
-            return None
-        spans = jsonbody.items(raw, start, contents)
-    if len(spans) != len(contents):  # "contents" given twice: the decoders read another one
-        return None
-    out = _plan(raw, layout, withheld, grouped, contents, spans)
-    return jsonbody.splice(raw, [e for _, e in out]) if out else None
-
-
-def _targets(
-    actions: Sequence[Action], layout: Sequence[Slot]
-) -> tuple[dict[int, str], dict[int, list[Remind]]]:
-    """The withheld result slots (the first text per slot) and the reminders by slot."""
-    withheld: dict[int, str] = {}
-    for a in actions:
-        ok = isinstance(a, Withhold) and 0 <= a.position < len(layout) and a.position not in withheld
-        if ok and layout[a.position].kind == "result":  # type: ignore[union-attr]
-            withheld[a.position] = a.text  # type: ignore[union-attr]
-    grouped: dict[int, list[Remind]] = {}
-    for a in actions:
-        if isinstance(a, Remind) and 0 <= a.after < len(layout):
-            grouped.setdefault(a.after, []).append(a)
-    return withheld, grouped
+    is ignored; :func:`proxy.dialects.edits.apply_slots`)."""
+    return edits.apply_slots(raw, actions, body, _WIRE, spans)
 
 
 def _plan(
@@ -380,6 +347,10 @@ def _plan(
     return out
 
 
+#: How :func:`apply` finds the slots it edits and plans their edits.
+_WIRE = edits.SlotWire(ITEMS, slots, _plan)
+
+
 def apply_kept(
     raw: bytes,
     actions: Sequence[Action],
@@ -389,15 +360,6 @@ def apply_kept(
     cut: int | None,
 ) -> edits.Applied:
     """:func:`apply` reusing the previous request's edits before its cut (a slot position;
-    :func:`proxy.dialects.edits.reuse`). A body whose contents are not a list or do not match
-    ``spans`` is a full :func:`apply` that keeps nothing."""
-    contents = body.get("contents") if isinstance(body, dict) else None
-    if not isinstance(contents, list) or len(spans) != len(contents):
-        return edits.Applied(apply(raw, actions, body, spans), None)
-    layout = slots(contents)
-
-    def plan(some: Sequence[Action]) -> list[tuple[int, edits.Edit]]:
-        withheld, grouped = _targets(some, layout)
-        return _plan(raw, layout, withheld, grouped, contents, spans) if withheld or grouped else []
-
-    return edits.reuse(raw, actions, spans, kept, cut, plan, len(layout))
+    :func:`proxy.dialects.edits.apply_slots_kept`). A body whose contents are not a list or do not
+    match ``spans`` is a full :func:`apply` that keeps nothing."""
+    return edits.apply_slots_kept(raw, actions, body, _WIRE, spans, kept, cut)
