@@ -54,14 +54,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.actions import Action, Cut, Stop
+from proxy.actions import Action, Cut
 from proxy.dialects import jsonbody
 from proxy.ops.config import Config
-from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
-from proxy.response.stream_guard import FramedGuard
+from proxy.response.stream_guard import DecidingGuard
 
 #: Members of the first event copied into an event the guard writes itself (scalars only).
 _BASE_FIELDS = ("modelVersion", "responseId")
@@ -181,26 +180,17 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + jsonbody.dumps(obj) + b"\r\n\r\n"
 
 
-class GeminiStreamGuard(FramedGuard):
+class GeminiStreamGuard(DecidingGuard):
     """One streamed Gemini answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
-    __slots__ = ("_answer", "_base", "_calls", "_decided", "_drop", "_finished", "_open", "_reason", "_stop")
+    __slots__ = ("_base", "_decided", "_finished", "_reason")
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
-        self._answer = AnswerState(cfg, judge)  # the text and the decisions (proxy.response.answer)
-        self._calls: list[AssembledCall] = []
-        self._open = False  # a functionCall event is held, no decision yet
         self._decided = False
-        self._drop: set[int] = set()  # the decision: calls whose parts are dropped
-        self._stop: Stop | None = None  # ... and the stop part added to the finishing event
         self._finished = False  # the finishing event went out
         self._reason: str | None = None  # a cut's finishReason, written into a finishing event
         self._base: dict[str, Any] = {}
-
-    def _end_of_stream(self, out: bytearray) -> None:
-        """No ``finishReason`` came: everything goes out unchanged (``complete`` stays False)."""
-        self._give_up(out)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -258,23 +248,6 @@ class GeminiStreamGuard(FramedGuard):
 
     # --- decisions --------------------------------------------------------------------------------
 
-    def _decide(self, out: bytearray) -> None:
-        """The finishing event arrived (it is the last held event)."""
-        _, cut, stop = self._answer.decide(self._calls)
-        if cut is not None:
-            self.actions.append(cut)
-        if stop is not None:
-            self.actions.append(stop)
-            self._settle(out, set(range(len(self._calls))), stop)
-        else:
-            self._settle(out, set(range(cut.count, len(self._calls))) if cut else set())
-
-    def _settle(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
-        """The decision: release the held events (:meth:`_write` drops the parts of the calls in
-        ``drop`` and adds the stop part to the finishing event)."""
-        self._drop, self._stop, self._open = drop, stop, False
-        self._release(out)
-
     def _abort(self, out: bytearray, reason: str, drop: set[int]) -> None:
         """A cut mid-stream (``reason``: the ``finishReason`` the agent gets): release what is
         kept, end the answer; the edge closes the upstream."""
@@ -286,14 +259,7 @@ class GeminiStreamGuard(FramedGuard):
         self._state = "done"
         self.complete = True
 
-    def _give_up(self, out: bytearray) -> None:
-        self._settle(out, set())  # everything held goes out unchanged
-        self._state = "pass"
-
     # --- output -----------------------------------------------------------------------------------
-
-    def _pending(self) -> bool:
-        return self._open
 
     def _write(self, h: _Held, out: bytearray) -> None:
         """The encoder: a held event as the decision left it: without the parts of dropped calls

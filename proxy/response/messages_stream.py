@@ -61,11 +61,10 @@ from typing import Any
 from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
 from proxy.ops.config import Config
-from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
-from proxy.response.stream_guard import FramedGuard
+from proxy.response.stream_guard import DecidingGuard
 
 CALL_BLOCK = "tool_use"
 #: Text deltas the degenerate-text check reads: delta type → (its field, reasoning?)
@@ -164,35 +163,25 @@ class _Held:
     call: int | None = None  # index into the calls of that block's call
 
 
-class MessagesStreamGuard(FramedGuard):
+class MessagesStreamGuard(DecidingGuard):
     """One streamed Messages answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
     __slots__ = (
-        "_answer",
         "_blocks",
-        "_calls",
         "_decided",
         "_delta_written",
         "_done_calls",
-        "_drop",
         "_index_map",
         "_next",
-        "_open",
         "_output_tokens",
         "_renumber",
         "_started",
-        "_stop",
     )
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
-        self._answer = AnswerState(cfg, judge)  # the text and the decisions (proxy.response.answer)
         self._blocks: dict[int, _Block] = {}  # upstream index → block
-        self._calls: list[AssembledCall] = []
         self._done_calls = 0
-        self._open = False  # a tool_use block's events are held, no decision yet
-        self._drop: set[int] = set()  # the decision: calls whose blocks are dropped
-        self._stop: Stop | None = None  # ... and the stop block written before message_delta
         self._decided = False
         self._delta_written = False  # a rewritten message_delta went out
         self._started = False  # message_start came
@@ -200,10 +189,6 @@ class MessagesStreamGuard(FramedGuard):
         self._index_map: dict[int, int] = {}  # upstream block index → the agent's
         self._next = 0  # the first block index the agent has not seen
         self._output_tokens = 0  # message_start's usage.output_tokens (for a written message_delta)
-
-    def _end_of_stream(self, out: bytearray) -> None:
-        """No ``message_stop`` came: everything goes out unchanged (``complete`` stays False)."""
-        self._give_up(out)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -316,23 +301,6 @@ class MessagesStreamGuard(FramedGuard):
 
     # --- decisions --------------------------------------------------------------------------------
 
-    def _decide(self, out: bytearray) -> None:
-        """``message_delta`` (or ``message_stop``) arrived (it is the last held event)."""
-        _, cut, stop = self._answer.decide(self._calls)
-        if cut is not None:
-            self.actions.append(cut)
-        if stop is not None:
-            self.actions.append(stop)
-            self._settle(out, drop=set(range(len(self._calls))), stop=stop)
-        else:
-            self._settle(out, drop=set(range(cut.count, len(self._calls))) if cut else set())
-
-    def _settle(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
-        """The decision: release the held events (:meth:`_write` drops the blocks of the calls in
-        ``drop`` and writes the stop block before ``message_delta``)."""
-        self._drop, self._stop, self._open = drop, stop, False
-        self._release(out)
-
     def _abort(self, out: bytearray, reason: str, drop: set[int]) -> None:
         """A cut mid-stream (``reason``: the ``stop_reason`` the agent gets): release what is kept,
         close its open blocks, end the message; the edge closes the upstream."""
@@ -346,14 +314,7 @@ class MessagesStreamGuard(FramedGuard):
         self._state = "done"
         self.complete = True
 
-    def _give_up(self, out: bytearray) -> None:
-        self._settle(out, drop=set())  # everything held goes out unchanged
-        self._state = "pass"
-
     # --- output -----------------------------------------------------------------------------------
-
-    def _pending(self) -> bool:
-        return self._open
 
     def _write(self, h: _Held, out: bytearray) -> None:
         """The encoder: a held event as the decision left it. The events of dropped calls' blocks

@@ -50,11 +50,10 @@ from proxy.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
 from proxy.ops.config import Config
 from proxy.request.response_store import Answer, answer_of
-from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent, SSEFramer
-from proxy.response.stream_guard import MAX_EVENT_BYTES, FramedGuard
+from proxy.response.stream_guard import MAX_EVENT_BYTES, DecidingGuard
 
 CALL_ITEMS = frozenset(("function_call", "custom_tool_call"))
 _ARG_DELTAS = frozenset(("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"))
@@ -183,48 +182,33 @@ class _Held:
     call: int | None = None  # index into the calls of the call item this event belongs to
 
 
-class ResponsesStreamGuard(FramedGuard):
+class ResponsesStreamGuard(DecidingGuard):
     """One streamed Responses answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
     __slots__ = (
-        "_answer",
         "_base",
-        "_calls",
         "_client_items",
         "_done_calls",
-        "_drop",
         "_index_map",
         "_item_call",
         "_items",
-        "_open",
         "_renumber",
         "_seq",
-        "_stop",
         "answer",
     )
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
-        self._open = False  # a call's events are held, no decision yet
-        self._drop: set[int] = set()  # the decision: calls whose events are dropped
-        self._stop: Stop | None = None  # ... and the stop message written before response.completed
-        self._calls: list[AssembledCall] = []
         self._item_call: dict[Any, int] = {}  # item id / output_index → call index
         self._done_calls = 0
         self._items: dict[int, dict[str, Any]] = {}  # upstream output_index → finished item
         self._base: dict[str, Any] = {}
-        self._answer = AnswerState(cfg, judge)  # the text and the decisions (proxy.response.answer)
         self._seq: int | None = None  # the last sequence_number the agent got
         self._renumber = False
         self._client_items = 0  # output items the agent has seen added
         self._index_map: dict[int, int] = {}  # upstream output_index → the agent's
         #: the answer as the agent gets it, once its final event is decided (proxy.request.response_store)
         self.answer: Answer | None = None
-
-    def _end_of_stream(self, out: bytearray) -> None:
-        """No terminal event came: nothing to decide on; everything goes out (``complete`` stays
-        False)."""
-        self._give_up(out)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -327,23 +311,6 @@ class ResponsesStreamGuard(FramedGuard):
 
     # --- decisions --------------------------------------------------------------------------------
 
-    def _decide(self, out: bytearray) -> None:
-        """``response.completed`` arrived (it is the last held event)."""
-        _, cut, stop = self._answer.decide(self._calls)
-        if cut is not None:
-            self.actions.append(cut)
-        if stop is not None:
-            self.actions.append(stop)
-            self._settle(out, drop=set(range(len(self._calls))), stop=stop)
-        else:
-            self._settle(out, drop=set(range(cut.count, len(self._calls))) if cut else set())
-
-    def _settle(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
-        """The decision: release the held events (:meth:`_write` drops those of the calls in
-        ``drop`` and writes the stop message before ``response.completed``)."""
-        self._drop, self._stop, self._open = drop, stop, False
-        self._release(out)
-
     def _abort_runaway(self, cut: Cut, out: bytearray) -> None:
         self.actions.append(cut)
         drop = set(range(cut.count, len(self._calls)))
@@ -373,18 +340,11 @@ class ResponsesStreamGuard(FramedGuard):
         self._state = "done"
         self.complete = True
 
-    def _give_up(self, out: bytearray) -> None:
-        self._settle(out, drop=set())  # everything held goes out unchanged
-        self._state = "pass"
-
     # --- output -----------------------------------------------------------------------------------
 
     @staticmethod
     def _is(h: _Held, kind: str) -> bool:
         return h.obj is not None and h.obj.get("type") == kind
-
-    def _pending(self) -> bool:
-        return self._open
 
     def _write(self, h: _Held, out: bytearray) -> None:
         """The encoder: a held event as the decision left it. The events of dropped calls are

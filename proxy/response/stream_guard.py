@@ -251,6 +251,56 @@ class FramedGuard:
         raise NotImplementedError
 
 
+class DecidingGuard(FramedGuard):
+    """A :class:`FramedGuard` whose wire decides the whole answer once, at its finishing event
+    (Gemini :mod:`proxy.response.gemini_stream`, Messages :mod:`proxy.response.messages_stream`,
+    Responses :mod:`proxy.response.responses_stream`): the calls read so far (``_calls``), the
+    text and the decisions (``_answer``, :class:`proxy.response.answer.AnswerState`), and the
+    decision the encoder ``_write`` applies to the held events: ``_drop`` (the calls whose events
+    or parts are left out) and ``_stop`` (the stop the finishing event gets). ``_open``: a call's
+    events are held and no decision is taken yet (what ``_pending`` says)."""
+
+    __slots__ = ("_answer", "_calls", "_drop", "_open", "_stop")
+
+    def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
+        super().__init__(cfg, judge)
+        self._answer = AnswerState(cfg, judge)
+        self._calls: list[AssembledCall] = []
+        self._open = False
+        self._drop: set[int] = set()
+        self._stop: Stop | None = None
+
+    def _end_of_stream(self, out: bytearray) -> None:
+        """No finishing event came: nothing to decide on; everything goes out unchanged
+        (``complete`` stays False)."""
+        self._give_up(out)
+
+    def _decide(self, out: bytearray) -> None:
+        """The finishing event arrived (it is the last held event): a stop drops every call and
+        adds the stop, a cut drops the calls from its count on, else everything goes out."""
+        _, cut, stop = self._answer.decide(self._calls)
+        if cut is not None:
+            self.actions.append(cut)
+        if stop is not None:
+            self.actions.append(stop)
+            self._settle(out, drop=set(range(len(self._calls))), stop=stop)
+        else:
+            self._settle(out, drop=set(range(cut.count, len(self._calls))) if cut else set())
+
+    def _settle(self, out: bytearray, drop: set[int], stop: Stop | None = None) -> None:
+        """The decision: release the held events (``_write`` leaves out those of the calls in
+        ``drop`` and writes ``stop`` into the finishing event)."""
+        self._drop, self._stop, self._open = drop, stop, False
+        self._release(out)
+
+    def _give_up(self, out: bytearray) -> None:
+        self._settle(out, drop=set())  # everything held goes out unchanged
+        self._state = "pass"
+
+    def _pending(self) -> bool:
+        return self._open
+
+
 def _partial_tag(text: str) -> bool:
     """``text`` ends in the start of an opening tag (``<``, ``<tool_``, ``<function``, …)."""
     start = text.rfind("<", max(0, len(text) - _TAG_MAX))
