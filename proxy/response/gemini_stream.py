@@ -208,9 +208,7 @@ class GeminiStreamGuard(DecidingGuard):
         except (jsonbody.Unreadable, _NotOurs):
             held = None
         if held is None:
-            self.complete = True  # the upstream's error, or not this grammar: relay the rest unread
-            self._give_up(out)
-            self._emit(ev.raw, out)
+            self._relay_rest(ev.raw, out)  # the upstream's error, or not this grammar
             return
         if self._decided or cand is None:
             self._hold_or_emit(held, False, out)

@@ -209,9 +209,7 @@ class MessagesStreamGuard(DecidingGuard):
             except _Grammar:
                 held = None
         if held is None:
-            self.complete = True  # the upstream's error, or not this grammar: relay the rest unread
-            self._give_up(out)
-            self._emit(ev.raw, out)
+            self._relay_rest(ev.raw, out)  # the upstream's error, or not this grammar
             return
         if kind == "message_stop":
             self.complete = True

@@ -222,19 +222,15 @@ class ResponsesStreamGuard(DecidingGuard):
             obj = None
         kind = obj.get("type") if isinstance(obj, dict) else None
         if not isinstance(kind, str):
-            self.complete = True  # not an event of this grammar: relay the rest unread
-            self._give_up(out)
-            self._emit(ev.raw, out)
+            self._relay_rest(ev.raw, out)  # not an event of this grammar
             return
         assert isinstance(obj, dict)
         if kind in ("response.created", "response.in_progress") and isinstance(obj.get("response"), dict):
             self._base = obj["response"]
         call = self._track(kind, obj)
         if kind in _ENDS:
-            self.complete = True
             self.answer = answer_of(obj.get("response"))
-            self._give_up(out)
-            self._emit(ev.raw, out)
+            self._relay_rest(ev.raw, out)
             return
         held = _Held(ev.raw, obj, call)
         if kind == "response.completed":

@@ -300,6 +300,14 @@ class DecidingGuard(FramedGuard):
     def _pending(self) -> bool:
         return self._open
 
+    def _relay_rest(self, raw: bytes, out: bytearray) -> None:
+        """The stream ended, or is no longer ours to read (the upstream's error, not this
+        wire's grammar): everything held goes out unchanged, then the event ``raw``, and the
+        rest of the stream is relayed unread."""
+        self.complete = True
+        self._give_up(out)
+        self._emit(raw, out)
+
 
 def _partial_tag(text: str) -> bool:
     """``text`` ends in the start of an opening tag (``<``, ``<tool_``, ``<function``, …)."""
