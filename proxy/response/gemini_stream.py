@@ -60,7 +60,7 @@ from proxy.ops.config import Config
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
-from proxy.response.stream_guard import DecidingGuard
+from proxy.response.stream_guard import DecidingGuard, Held
 
 #: Members of the first event copied into an event the guard writes itself (scalars only).
 _BASE_FIELDS = ("modelVersion", "responseId")
@@ -168,9 +168,7 @@ def decide_json(raw: bytes, judge: StopJudge | None, cfg: Config) -> tuple[bytes
 
 
 @dataclass(slots=True)
-class _Held:
-    raw: bytes
-    obj: dict[str, Any] | None = None
+class _Held(Held):
     #: the calls (indexes into the answer's calls) of its functionCall parts, in part order
     calls: list[int] = field(default_factory=list)
     finish: bool = False  # it carries the candidate's finishReason

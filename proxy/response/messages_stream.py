@@ -64,7 +64,7 @@ from proxy.ops.config import Config
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent
-from proxy.response.stream_guard import DecidingGuard
+from proxy.response.stream_guard import DecidingGuard, Held
 
 CALL_BLOCK = "tool_use"
 #: Text deltas the degenerate-text check reads: delta type → (its field, reasoning?)
@@ -156,9 +156,7 @@ class _Block:
 
 
 @dataclass(slots=True)
-class _Held:
-    raw: bytes
-    obj: dict[str, Any] | None = None
+class _Held(Held):
     index: int | None = None  # upstream index of the block the event belongs to
     call: int | None = None  # index into the calls of that block's call
 

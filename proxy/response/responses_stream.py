@@ -53,7 +53,7 @@ from proxy.request.response_store import Answer, answer_of
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent, SSEFramer
-from proxy.response.stream_guard import MAX_EVENT_BYTES, DecidingGuard
+from proxy.response.stream_guard import MAX_EVENT_BYTES, DecidingGuard, Held
 
 CALL_ITEMS = frozenset(("function_call", "custom_tool_call"))
 _ARG_DELTAS = frozenset(("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"))
@@ -176,9 +176,7 @@ def _decide_object(
 
 
 @dataclass(slots=True)
-class _Held:
-    raw: bytes
-    obj: dict[str, Any] | None = None
+class _Held(Held):
     call: int | None = None  # index into the calls of the call item this event belongs to
 
 

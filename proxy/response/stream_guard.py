@@ -73,9 +73,16 @@ class Output:
 
 
 @dataclass(slots=True)
-class _Held:
+class Held:
+    """One event held for a decision (every wire's held events extend it): its bytes as they
+    came (``raw``) and its decoded data (``obj``; None: no data, or not read)."""
+
     raw: bytes
     obj: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Held(Held):
     call_choices: frozenset[int] = frozenset()
     finish_choices: frozenset[int] = frozenset()
     #: per choice with content in this event: where that content starts in the choice's content
