@@ -97,17 +97,10 @@ def decide_request(
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
     fast = _find(raw, dialect, prefixes, previous)
-    if fast is not None:
-        body: Any = fast.body
-    else:
-        try:
-            body = jsonbody.decode(raw)
-        except jsonbody.Unreadable as exc:
-            return RequestDecision(raw, (), False, unguarded=exc.reason)
-    if not isinstance(body, dict):
-        return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
-    model = body.get("model") if isinstance(body.get("model"), str) else None
-    stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    read = _read(raw, fast.body if fast is not None else None)
+    if isinstance(read, RequestDecision):
+        return read
+    body, model, stream = read
     if dialect is openai_responses:
         return _decide_responses(
             raw,
@@ -163,20 +156,32 @@ def decide_plain(
     (conversation key, model, stream, transcript, or why the body is unguarded) is what a full
     read tells. ``plain`` is True for a readable body: the response side then builds its stop
     judge only for an answer with calls (:class:`proxy.response.decide.LazyJudge`)."""
-    try:
-        body = jsonbody.decode(raw)
-    except jsonbody.Unreadable as exc:
-        return RequestDecision(raw, (), False, unguarded=exc.reason)
-    if not isinstance(body, dict):
-        return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
-    model = body.get("model") if isinstance(body.get("model"), str) else None
-    stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    read = _read(raw)
+    if isinstance(read, RequestDecision):
+        return read
+    body, model, stream = read
     key = conversation_key(headers, body, header_names)
     try:
         transcript = dialect.parse_request(body)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
     return RequestDecision(raw, (), False, key, model, stream, transcript, plain=True)
+
+
+def _read(raw: bytes, body: Any = None) -> tuple[dict[str, Any], str | None, bool | None] | RequestDecision:
+    """The body as an object (``body``, or ``raw`` decoded here when None) with its ``model`` and
+    ``stream`` (None when not a string / a bool), or the unguarded decision for a body that is
+    not JSON (its reason) or not an object (:data:`NOT_CHAT`): it goes as it came."""
+    if body is None:
+        try:
+            body = jsonbody.decode(raw)
+        except jsonbody.Unreadable as exc:
+            return RequestDecision(raw, (), False, unguarded=exc.reason)
+    if not isinstance(body, dict):
+        return RequestDecision(raw, (), False, unguarded=NOT_CHAT)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    stream = body.get("stream") if isinstance(body.get("stream"), bool) else None
+    return body, model, stream
 
 
 def _find(
