@@ -63,8 +63,12 @@ def remind_after_step(
     count: int,
     limit: int | None,
     delivery: Delivery,
+    *,
+    about_call: bool = True,
 ) -> Remind | None:
-    """A reminder after the results of ``call``'s step; None while they have not arrived."""
+    """A reminder after the results of ``call``'s step; None while they have not arrived.
+    ``about_call``: it names ``call`` (``Remind.call``, what escalation counts); False for a
+    reminder about time, which names no call."""
     end = transcript.steps[call.step].end
     if end is None:
         return None
@@ -77,5 +81,5 @@ def remind_after_step(
         limit=limit,
         fresh=transcript.is_fresh(call.step),
         delivery=delivery,
-        call=call.seq,
+        call=call.seq if about_call else None,
     )

@@ -34,7 +34,7 @@ from proxy.effects import Situations
 from proxy.episodes import EpisodeCounter
 from proxy.guards.narration import duration
 from proxy.guards.resume import unread
-from proxy.guards.turns import known
+from proxy.guards.turns import known, remind_after_step
 from proxy.ops.config import WaitingConfig
 from proxy.transcript import ToolCall, Transcript
 from proxy.waits import POLLS, has_output, is_wait, poll_of, says_running, sleep_ms, started, waited_ms
@@ -134,18 +134,15 @@ class Waiting:
     def _remind(
         self, transcript: Transcript, call: ToolCall, text: str, key: str, quiet: int, checks: int
     ) -> Remind | None:
-        end = transcript.steps[call.step].end
-        if end is None:
-            return None
-        return Remind(
-            after=end,
-            text=text.format(duration=duration(quiet), subject=subject(key), checks=checks),
-            rule=RULE,
-            tool=call.name,
-            count=quiet // 1000,
-            limit=self._cfg.remind_after_ms // 1000,
-            fresh=transcript.is_fresh(call.step),
-            delivery=self._delivery,
+        return remind_after_step(
+            transcript,
+            call,
+            text.format(duration=duration(quiet), subject=subject(key), checks=checks),
+            RULE,
+            quiet // 1000,
+            self._cfg.remind_after_ms // 1000,
+            self._delivery,
+            about_call=False,
         )
 
 
