@@ -62,7 +62,7 @@ from typing import Any
 from proxy.actions import Action, Remind
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody
-from proxy.dialects.fold import FoldState
+from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript
 
@@ -144,16 +144,7 @@ def parse_request(body: Any) -> Transcript:
     Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
     message is not an object.
     """
-    if not isinstance(body, dict):
-        raise DialectError("body is not a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise DialectError("messages is not a list")
-
-    fold = Fold()
-    for i, msg in enumerate(messages):
-        fold.feed(i, msg)
-    return fold.finish(len(messages))
+    return Fold().read(history(body, ITEMS))
 
 
 class Fold(FoldState):

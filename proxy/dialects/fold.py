@@ -19,9 +19,21 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from proxy.dialects import text_actions, text_calls
+from proxy.errors import DialectError
 from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 
 _F = TypeVar("_F", bound="FoldState")
+
+
+def history(body: Any, member: str) -> list[Any]:
+    """The request's history list, ``body[member]``. Raises :class:`DialectError` when ``body``
+    is not an object or that member is not a list."""
+    if not isinstance(body, dict):
+        raise DialectError("body is not a JSON object")
+    items = body.get(member)
+    if not isinstance(items, list):
+        raise DialectError(f"{member} is not a list")
+    return items
 
 
 class FoldState:
@@ -249,6 +261,17 @@ class FoldState:
         for name in self.EXTRA:
             setattr(out, name, getattr(self, name))
         return out
+
+    def feed(self, pos: int, item: Any) -> None:
+        """Read the history item at ``pos`` (each dialect's fold reads its own items)."""
+        raise NotImplementedError
+
+    def read(self, items: list[Any], tool_choice: Any = None) -> Transcript:
+        """The transcript of a whole history: :meth:`feed` over every item of ``items``, then
+        :meth:`finish`. Raises what ``feed`` raises."""
+        for pos, item in enumerate(items):
+            self.feed(pos, item)
+        return self.finish(len(items), tool_choice)
 
     def finish(self, count: int, tool_choice: Any = None) -> Transcript:
         """The transcript of the ``count`` items fed; ``tool_choice``: the request's. Built

@@ -60,7 +60,7 @@ from typing import Any
 from proxy.actions import Action, Remind
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody, text_calls
-from proxy.dialects.fold import FoldState
+from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript
 
@@ -170,15 +170,8 @@ def parse_request(body: Any) -> Transcript:
     Raises :class:`DialectError` when ``body`` is not an object, ``contents`` is not a list, or a
     content is not an object.
     """
-    if not isinstance(body, dict):
-        raise DialectError("body is not a JSON object")
-    contents = body.get("contents")
-    if not isinstance(contents, list):
-        raise DialectError("contents is not a list")
-    fold = Fold(text_calls.offered_tools(body))
-    for i, content in enumerate(contents):
-        fold.feed(i, content)
-    return fold.finish(len(contents))
+    contents = history(body, ITEMS)  # first: it checks that body is an object
+    return Fold(text_calls.offered_tools(body)).read(contents)
 
 
 class Fold(FoldState):

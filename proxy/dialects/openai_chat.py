@@ -39,7 +39,7 @@ from typing import Any
 from proxy.actions import Action, Withhold
 from proxy.canonical import parse_arguments
 from proxy.dialects import edits, jsonbody, text_actions, text_calls
-from proxy.dialects.fold import FoldState
+from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
 from proxy.transcript import Said, ToolResult, Transcript
 
@@ -64,15 +64,8 @@ def parse_request(body: Any) -> Transcript:
     Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
     message is not an object.
     """
-    if not isinstance(body, dict):
-        raise DialectError("body is not a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise DialectError("messages is not a list")
-    fold = Fold(text_calls.offered_tools(body))
-    for pos, msg in enumerate(messages):
-        fold.feed(pos, msg)
-    return fold.finish(len(messages), body.get("tool_choice"))
+    messages = history(body, ITEMS)  # first: it checks that body is an object
+    return Fold(text_calls.offered_tools(body)).read(messages, body.get("tool_choice"))
 
 
 class Fold(FoldState):

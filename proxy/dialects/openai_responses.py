@@ -94,10 +94,7 @@ def parse_request(body: Any) -> Transcript:
     if not isinstance(items, list):
         raise DialectError("input is neither a string nor a list")
 
-    fold = Fold(text_calls.offered_tools(body))
-    for pos, item in enumerate(items):
-        fold.feed(pos, item)
-    return fold.finish(len(items), body.get("tool_choice"))
+    return Fold(text_calls.offered_tools(body)).read(items, body.get("tool_choice"))
 
 
 class Fold(FoldState):
