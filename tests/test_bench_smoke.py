@@ -6,14 +6,20 @@ every figure (exact keys, counts > 0) and that LiteLLM is reported as not run, n
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache", "loopguard-uvloop"}
-ALL_ARMS = RUN_ARMS | {"litellm"}
+#: The uvloop arm runs where the optional extra is installed (``pip install 'loopguard[uvloop]'``);
+#: without it the arm is reported as not run, saying why, like LiteLLM's.
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+RUN_ARMS = {"direct", "bare", "loopguard-off", "loopguard", "loopguard-nocache"} | (
+    {"loopguard-uvloop"} if HAVE_UVLOOP else set()
+)
+ALL_ARMS = RUN_ARMS | {"litellm", "loopguard-uvloop"}
 CELLS = {f"{w}/c{c}" for w in ("small", "agent", "chat", "stream") for c in (1, 16)}
 FIGURES = {
     "n",
@@ -63,6 +69,10 @@ def test_bench_smoke_gives_every_arm_every_figure(tmp_path: Path) -> None:
     assert set(res["arms"]) == ALL_ARMS
     assert res["arms"]["litellm"]["status"] == "not run"
     assert res["arms"]["litellm"]["reason"]
+    if not HAVE_UVLOOP:
+        uvloop_arm = res["arms"]["loopguard-uvloop"]
+        assert uvloop_arm["status"] == "not run"
+        assert "uvloop is not installed" in uvloop_arm["reason"], uvloop_arm["reason"]
     for name in RUN_ARMS:
         arm = res["arms"][name]
         assert arm["status"] == "ok", (name, arm["reason"])
