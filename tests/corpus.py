@@ -34,7 +34,7 @@ the fixture converted to input items posted to ``/v1/responses``, each answer a 
 object or its SSE events, and what reached the upstream read back as chat messages, so that the
 reading above and the call numbers are the same; :func:`compare` lists the fixtures on which the
 proxy acted differently in the two forms (issue 11). Likewise in Anthropic Messages
-(``dialect="messages"``, :class:`MessagesWire`; issue 12) and the Gemini API (``dialect="gemini"``,
+(``dialect="messages"``, :class:`MessagesWire`) and the Gemini API (``dialect="gemini"``,
 :class:`GeminiWire`).
 
 Run ``python -m tests.corpus [--stream] [--config FILE] [--dialect responses | --compare]`` to

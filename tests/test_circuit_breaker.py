@@ -377,7 +377,7 @@ def test_defaults() -> None:
         "RepeatReminder",
         "CircuitBreaker",
         *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # issue 7
-        *("SameTarget", "Waiting", "Escalation"),  # issue 10; a long wait's reminder
+        *("SameTarget", "Waiting", "Escalation"),  # progress-aware rules; a long wait's reminder
     ]
 
 
