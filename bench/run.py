@@ -8,7 +8,7 @@ Processes (each its own): a fast fake upstream (``fake_upstream.py``), the load 
 1. ``direct``: the load generator talks to the fake upstream;
 2. ``bare``: ``bare_proxy.py``, a minimal aiohttp reverse proxy (the floor for Python);
 3. ``loopguard-off``: loopguard with every guard off: every ``enabled: false`` found in its
-   ``proxy.ops.config`` (read at run time), and the response side's limits at their off value;
+   ``proxy.config`` (read at run time), and the response side's limits at their off value;
 4. ``loopguard``: loopguard with the default guards; every body is a looping conversation, so
    reminders and denials are injected on every request;
 5. ``loopguard-nocache``: the default guards with ``prefix_cache.max_bytes_mb: 0`` (every
@@ -298,12 +298,12 @@ def start_bare(tmp: Path, upstream: str) -> Arm:
     return arm
 
 
-#: Run in a child with the arms' interpreter and cwd, so it reads the ``proxy.ops.config`` they run:
+#: Run in a child with the arms' interpreter and cwd, so it reads the ``proxy.config`` they run:
 #: prints a config that sets every ``enabled`` key anywhere in it to on/off; "off" also sets the
 #: response side's limits that exist to their documented off value (0 / false).
 _GUARDS_ALL = """
 import dataclasses, json, sys, typing
-from proxy.ops.config import Config
+from proxy.config import Config
 ON = sys.argv[1] == "on"
 OFF = {"after_ignored_denials": 0, "on_cap": False, "max_calls_per_response": 0,
        "max_identical_per_response": 0}
@@ -326,7 +326,7 @@ print(json.dumps(walk(Config)))
 
 def guards_config(on: bool) -> dict[str, Any]:
     """A config that turns every guard on or off (:data:`_GUARDS_ALL`), for the guards that exist
-    in the ``proxy.ops.config`` the loopguard arms run."""
+    in the ``proxy.config`` the loopguard arms run."""
     done = subprocess.run(
         [sys.executable, "-c", _GUARDS_ALL, "on" if on else "off"],
         cwd=ROOT,
@@ -336,7 +336,7 @@ def guards_config(on: bool) -> dict[str, Any]:
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"cannot read proxy.ops.config: {tail_text(done.stderr)}")
+        raise RuntimeError(f"cannot read proxy.config: {tail_text(done.stderr)}")
     return json.loads(done.stdout)
 
 

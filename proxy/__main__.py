@@ -1,3 +1,3 @@
-from proxy.ops.cli import main
+from proxy.cli.main import main
 
 raise SystemExit(main())

@@ -49,7 +49,7 @@ first ``developer`` message item; no request compression to a custom provider):
   The chunk id is 6 random hex digits, new on every call; the wall time changes with the run
   time (masked by the default duration pattern); the token count follows the output. So two runs
   of a command with the same result differ in the chunk id: the default masks
-  (:data:`proxy.volatile.DEFAULT_MASK_PATTERNS`: hex ids need 7+ digits) do not cover it, every
+  (:data:`proxy.core.volatile.DEFAULT_MASK_PATTERNS`: hex ids need 7+ digits) do not cover it, every
   Codex result looks new, and no progress-aware rule ever fires. :data:`CHUNK_ID_MASK` is the
   pattern that makes them compare equal (``tests/test_codex_cli.py`` pins both).
 - other outputs seen: a failing command is the same wrapper (``Process exited with code 3``, its

@@ -59,10 +59,10 @@ import orjson
 import yaml
 from aiohttp import web
 
+from proxy.cli import replay as replay_files
+from proxy.config import Config, ListenConfig, build
+from proxy.edge.observe import configure_logging
 from proxy.edge.server import start
-from proxy.ops import replay as replay_files
-from proxy.ops.config import Config, ListenConfig, build
-from proxy.ops.observe import configure_logging
 from tests import gemini_contents, messages_blocks, responses_items, text_form
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def fixture_dir() -> Path:
 
 def load_fixtures(directory: Path | None = None) -> list[dict[str, Any]]:
     """Every ``*.json`` fixture of ``directory`` (default :func:`fixture_dir`), sorted by id
-    (:func:`proxy.ops.replay.load_fixtures`, the loader ``loopguard replay`` uses)."""
+    (:func:`proxy.cli.replay.load_fixtures`, the loader ``loopguard replay`` uses)."""
     return replay_files.load_fixtures(directory or fixture_dir())
 
 

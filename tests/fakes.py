@@ -208,7 +208,7 @@ def only_guard(name: str, **settings: Any) -> dict[str, Any]:
     the configuration knows, so a test about one guard is not disturbed by guards added later."""
     import dataclasses
 
-    from proxy.ops.config import GuardsConfig
+    from proxy.config import GuardsConfig
 
     guards: dict[str, Any] = {f.name: {"enabled": False} for f in dataclasses.fields(GuardsConfig)}
     guards[name] = {"enabled": True, **settings}

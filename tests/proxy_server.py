@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.config import Config, build
 from proxy.edge.server import start
-from proxy.ops.config import Config, build
 
 
 def proxy_config(config: dict[str, Any] | None, upstream_url: str) -> Config:

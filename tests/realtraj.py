@@ -36,8 +36,8 @@ from typing import Any
 
 import structlog
 
-from proxy.ops import replay as replay_files
-from proxy.ops.observe import configure_logging
+from proxy.cli import replay as replay_files
+from proxy.edge.observe import configure_logging
 from tests.corpus import ROOT, Replay, replay
 from tests.reminder_facts import check_reminder
 
@@ -58,7 +58,7 @@ def runs_dir() -> Path:
 
 def load_runs(directory: Path | None = None) -> list[dict[str, Any]]:
     """Every ``*.json`` run of ``directory`` (default :func:`runs_dir`), sorted by id
-    (:func:`proxy.ops.replay.load_runs`, the loader ``loopguard replay`` uses)."""
+    (:func:`proxy.cli.replay.load_runs`, the loader ``loopguard replay`` uses)."""
     return replay_files.load_runs(directory or runs_dir())
 
 

@@ -13,19 +13,19 @@ What the claims are checked against:
 - calls are the history's tool calls in order (every call of every assistant message, legacy
   ``function_call`` too), each with its result (the tool message answering it, ``None`` if none);
 - "the same call" is the same tool and canonical arguments
-  (:func:`proxy.canonical.canonical_arguments`, the default ``ignore_args``); a shown argument
+  (:func:`proxy.core.canonical.canonical_arguments`, the default ``ignore_args``); a shown argument
   preview ``…… (+N more chars)`` matches arguments that start with it and are N characters longer;
-- "the same result" is :func:`proxy.progress.same_text` with :data:`proxy.volatile.DEFAULT_MASKS`
+- "the same result" is :func:`proxy.core.progress.same_text` with :data:`proxy.core.volatile.DEFAULT_MASKS`
   (volatile spans masked); a call without a result never has the same result;
-- a result "failed" when the default :class:`proxy.failures.FailureRule` says so (with the
+- a result "failed" when the default :class:`proxy.core.failures.FailureRule` says so (with the
   protocol error flag when the tool message carries ``"is_error": true``, the member
   :mod:`tests.native_wires` keeps from a Messages ``tool_result``; else none), and "was
-  rejected by the user" when a :data:`proxy.ops.config.DEFAULT_REJECTION_PATTERNS` pattern is
-  found at its edges (:func:`proxy.failures.edge_text`);
+  rejected by the user" when a :data:`proxy.config.DEFAULT_REJECTION_PATTERNS` pattern is
+  found at its edges (:func:`proxy.core.failures.edge_text`);
 - "this turn" is the calls after the history's last user message (a harness's messages count);
-- what a call is "on" is its :class:`proxy.targets.TargetRule` target (a path without its leading
-  ``./``) after its :func:`proxy.targets.subcommand`, and it "only reads" when
-  :meth:`proxy.effects.EffectRule.may_change` says it cannot change anything;
+- what a call is "on" is its :class:`proxy.core.targets.TargetRule` target (a path without its leading
+  ``./``) after its :func:`proxy.core.targets.subcommand`, and it "only reads" when
+  :meth:`proxy.core.effects.EffectRule.may_change` says it cannot change anything;
 - a quoted line "is in" a result when it (the shown part of a preview) occurs in the result's text.
 """
 
@@ -36,15 +36,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import agents
-from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.effects import EffectRule
-from proxy.failures import FailureRule, edge_text
-from proxy.ops.config import DEFAULT_IGNORE_ARGS, DEFAULT_REJECTION_PATTERNS, EchoLoopConfig
-from proxy.progress import same_text
-from proxy.targets import TargetRule, path_key, subcommand
-from proxy.transcript import ToolResult
-from proxy.volatile import DEFAULT_MASKS
+from proxy.config import DEFAULT_IGNORE_ARGS, DEFAULT_REJECTION_PATTERNS, EchoLoopConfig
+from proxy.core import agents
+from proxy.core.canonical import canonical_arguments, parse_arguments
+from proxy.core.effects import EffectRule
+from proxy.core.failures import FailureRule, edge_text
+from proxy.core.progress import same_text
+from proxy.core.targets import TargetRule, path_key, subcommand
+from proxy.core.transcript import ToolResult
+from proxy.core.volatile import DEFAULT_MASKS
 
 Message = dict[str, Any]
 #: ``checker(history, text) -> violations``.
@@ -195,7 +195,7 @@ def this_turn(history: Sequence[Message], calls: Sequence[Call]) -> list[Call]:
 
 
 def target_of(call: Call) -> str | None:
-    """What ``call`` acts on (:class:`proxy.targets.TargetRule`): a command as it is, a path
+    """What ``call`` acts on (:class:`proxy.core.targets.TargetRule`): a command as it is, a path
     without a leading ``./``; None when it has no target."""
     target = _TARGETS(call.name, call.parsed)
     if target is None:
@@ -574,7 +574,7 @@ def same_target(history: Sequence[Message], text: str) -> list[str]:
     shown arguments; their arguments are not all the same (the text says "different arguments"
     — checked as: not all one call); their results are all the same after masking, or ("failed
     the same way") each one failed and has the quoted failure shape of its tool
-    (:func:`proxy.agents.failure_shape`, the part its tool echoes back left out)."""
+    (:func:`proxy.core.agents.failure_shape`, the part its tool echoes back left out)."""
     m = _SAME_TARGET.match(text)
     if m is None:
         return [f"cannot read the subject, count and arguments: {shown(text)}"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from proxy.actions import Action
-from proxy.transcript import Transcript
+from proxy.core.actions import Action
+from proxy.core.transcript import Transcript
 
 
 def assert_resumes(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.transcript import Transcript
 from proxy.dialects import openai_chat
-from proxy.transcript import Transcript
 from tests.agent_steps import History
 
 

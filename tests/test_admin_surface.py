@@ -17,8 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.config import load_config
 from proxy.edge.server import start
-from proxy.ops.config import load_config
 from proxy.request.conversation import key_digest
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.proxy_server import proxy_config, serve_process

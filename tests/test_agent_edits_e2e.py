@@ -1,5 +1,5 @@
 """Edits as Claude Code (Anthropic Messages) and Codex (OpenAI Responses) make them, through the
-real server with the shipped defaults, JSON and SSE (DESIGN §2.2, :mod:`proxy.agents`):
+real server with the shipped defaults, JSON and SSE (DESIGN §2.2, :mod:`proxy.core.agents`):
 
 - ten different successful edits of one file, each answered with the tool's constant success
   line, then a passing test run: every request reaches the upstream byte for byte, every answer

@@ -1,9 +1,9 @@
-"""The tools that poll a running process come from the agents' tool table (proxy/agents.py
-``Tool.poll``), read by the waiting rules (proxy/waits.py ``POLLS``): one source for both."""
+"""The tools that poll a running process come from the agents' tool table (proxy/core/agents.py
+``Tool.poll``), read by the waiting rules (proxy/core/waits.py ``POLLS``): one source for both."""
 
 from __future__ import annotations
 
-from proxy import agents, waits
+from proxy.core import agents, waits
 
 
 def test_the_poll_tools_are_read_from_the_agents_table() -> None:

@@ -16,12 +16,12 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from proxy.cli.main import main
+from proxy.config import Config, build
 from proxy.edge import connections
+from proxy.edge.observe import configure_logging
 from proxy.edge.server import LINGER_S
 from proxy.errors import ConfigError
-from proxy.ops.cli import main
-from proxy.ops.config import Config, build
-from proxy.ops.observe import configure_logging
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events
 
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""The agents' tool table (proxy/agents.py, DESIGN §2.2 "know the agents"): what each major
+"""The agents' tool table (proxy/core/agents.py, DESIGN §2.2 "know the agents"): what each major
 agent's tools do, which agent an offered tool set is, what an edit changes, and the success and
 failure shapes of their results — checked against the tool results the real agents sent
 (``shared/fixtures/realtraj-native``)."""
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy import agents
-from proxy.failures import AGENT_FAILURE, FailureRule
+from proxy.core import agents
+from proxy.core.failures import AGENT_FAILURE, FailureRule
 
 KINDS = {
     "claude-code": {

@@ -14,15 +14,15 @@ from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config, build
+from proxy.core.actions import Remind, Withhold
+from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import anthropic_messages, for_path, openai_chat, openai_responses
 from proxy.dialects.anthropic_messages import Slot, apply, parse_request, slots
 from proxy.errors import DialectError
 from proxy.guards import build_guards
-from proxy.ops.config import Config, build
 from proxy.request.conversation import conversation_key
 from proxy.request.rewrite import NOT_CHAT, decide_request
-from proxy.transcript import Said, Step, ToolResult
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.messages_blocks import message_events, messages_body

@@ -19,9 +19,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.config import Config
 from proxy.dialects import jsonbody
 from proxy.guards import build_guards
-from proxy.ops.config import Config
 from proxy.request.rewrite import NOT_CHAT, decide_request
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call

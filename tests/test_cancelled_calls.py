@@ -4,8 +4,8 @@ When one of the parallel calls of a Claude Code step fails, Claude Code answers 
 of that step ``<tool_use_error>Sibling tool call errored</tool_use_error>`` (``is_error: true``;
 the shape recorded in the native sessions, ``cc-cli-6d63c3a51594-0``: one ``Edit`` failing
 "File has been modified since read", nine cancelled). A cancelled call never ran: it is neither a
-failure nor a success (:class:`proxy.failures.FailureRule` gives None), it changed nothing
-(:mod:`proxy.effects`), and same_target and escalation skip it. Pinned on the rule, on the guards
+failure nor a success (:class:`proxy.core.failures.FailureRule` gives None), it changed nothing
+(:mod:`proxy.core.effects`), and same_target and escalation skip it. Pinned on the rule, on the guards
 (the default config over a Messages transcript) and end to end through the real server in the
 Messages dialect, JSON and SSE.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from proxy.config import Config, build
+from proxy.core.effects import EffectRule, epochs
+from proxy.core.failures import FailureRule, cancelled
+from proxy.core.transcript import ToolResult
 from proxy.dialects import anthropic_messages
-from proxy.effects import EffectRule, epochs
-from proxy.failures import FailureRule, cancelled
 from proxy.guards import Context, build_guards, evaluate
-from proxy.ops.config import Config, build
-from proxy.transcript import ToolResult
 from tests.corpus import default_config
 from tests.realtraj_native import replay_sessions
 

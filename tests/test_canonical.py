@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import INVALID, canonical_arguments, parse_arguments
+from proxy.core.canonical import INVALID, canonical_arguments, parse_arguments
 
 
 def canon(raw: Any, ignore_args: tuple[str, ...] = ()) -> str:

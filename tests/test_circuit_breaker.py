@@ -7,13 +7,13 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind, Withhold
+from proxy.config import CircuitBreakerConfig, Config, build
+from proxy.core.actions import Remind, Withhold
 from proxy.dialects.openai_chat import parse_request
+from proxy.edge.observe import Stats, action_summary
 from proxy.errors import ConfigError
 from proxy.guards import build_guards
 from proxy.guards.circuit_breaker import CAP_TEXT, DUPLICATE_TEXT, CircuitBreaker
-from proxy.ops.config import CircuitBreakerConfig, Config, build
-from proxy.ops.observe import Stats, action_summary
 from proxy.request.rewrite import decide_request
 from tests.fakes import only_guard
 from tests.resume_check import assert_resumes

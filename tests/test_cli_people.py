@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 import proxy
-from proxy.ops.cli import ENVIRONMENT, REDACTED
+from proxy.cli.main import ENVIRONMENT, REDACTED
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")} | {"PYTHONUNBUFFERED": "1"}

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.progress import same_text
-from proxy.volatile import DEFAULT_MASKS
+from proxy.core.progress import same_text
+from proxy.core.volatile import DEFAULT_MASKS
 from tests.codex_cli import OUTPUT_WRAPPER, CodexRun, find_codex, run_codex
 from tests.conftest import ProxyFactory
 from tests.fake_responses import FakeResponses, function_call, message, reasoning
@@ -142,7 +142,7 @@ async def test_plain_session_reaches_the_model_byte_identical(
 
 def test_codex_outputs_of_the_same_command_are_the_same_result_after_the_default_masks() -> None:
     """Two real outputs of the same command (Codex 0.171.0) differ in the chunk id and the wall
-    time; the default masks (proxy/volatile.py) make them the same result, and still tell a
+    time; the default masks (proxy/core/volatile.py) make them the same result, and still tell a
     different output apart. The same for a command still running (its session id)."""
     tail = "Process exited with code 0\nOriginal token count: 2\nOutput:\nmissing\n"
     a = f"Chunk ID: d4a3e6\nWall time: 0.0000 seconds\n{tail}"

@@ -10,9 +10,8 @@ import pytest
 import yaml
 
 import proxy.edge.server
-from proxy.errors import ConfigError
-from proxy.ops.cli import effective_config, main
-from proxy.ops.config import (
+from proxy.cli.main import effective_config, main
+from proxy.config import (
     Config,
     ConversationKeyConfig,
     ListenConfig,
@@ -22,6 +21,7 @@ from proxy.ops.config import (
     load_config,
     to_plain,
 )
+from proxy.errors import ConfigError
 
 RR = "guards.repeat_reminder"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from proxy.ops.config import Config
+from proxy.config import Config
 from proxy.request.conversation import conversation_key, key_digest
 
 NAMES = Config().conversation_key.headers  # x-session-id, session_id, conversation_id

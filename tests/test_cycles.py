@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config, CyclesConfig, build
+from proxy.core.actions import Remind, Withhold
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.cycles import Cycles
-from proxy.ops.config import Config, CyclesConfig, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
 from tests.agent_steps import History

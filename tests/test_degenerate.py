@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.ops.config import DegenerateTextConfig
+from proxy.config import DegenerateTextConfig
 from proxy.response.degenerate import RepetitionDetector, periodic_tail
 
 CFG = DegenerateTextConfig()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ops.cli import main
-from proxy.ops.config import Config, build, load_config
-from proxy.ops.demo import changes, run_demo
+from proxy.cli.demo import changes, run_demo
+from proxy.cli.main import main
+from proxy.config import Config, build, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,11 +15,11 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.actions import Remind
+from proxy.config import Config, load_config
+from proxy.core.actions import Remind
+from proxy.edge.metrics import Metrics
+from proxy.edge.observe import Stats
 from proxy.edge.server import create_app, metrics
-from proxy.ops.config import Config, load_config
-from proxy.ops.metrics import Metrics
-from proxy.ops.observe import Stats
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

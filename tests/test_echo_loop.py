@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import EchoLoopConfig, build
+from proxy.core.actions import Remind
 from proxy.guards.echo_loop import EchoLoop
-from proxy.ops.config import EchoLoopConfig, build
 from tests.agent_steps import History
 from tests.rule_helpers import summary, transcript
 

@@ -1,4 +1,4 @@
-"""What a call may change (issue 10, proxy/effects.py) and what a call is on (proxy/targets.py):
+"""What a call may change (issue 10, proxy/core/effects.py) and what a call is on (proxy/core/targets.py):
 the facts behind "the same call in the same situation"."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from proxy.canonical import INVALID
-from proxy.effects import EditLedger, EffectRule, Situations, epochs, is_mutation, shell_read_only
+from proxy.config import Config, build
+from proxy.core.canonical import INVALID
+from proxy.core.effects import EditLedger, EffectRule, Situations, epochs, is_mutation, shell_read_only
+from proxy.core.failures import FailureRule, RejectionRule
+from proxy.core.targets import TargetRule, call_on, subcommand
 from proxy.errors import ConfigError
-from proxy.failures import FailureRule, RejectionRule
-from proxy.ops.config import Config, build
-from proxy.targets import TargetRule, call_on, subcommand
 from tests.agent_steps import History
 from tests.rule_helpers import transcript
 
@@ -45,7 +45,7 @@ RULE = EffectRule()
         pytest.param("bash", {"command": "python fix.py"}, True, id="shell_unknown_program"),
         pytest.param("shell", {"command": ["bash", "-lc", "git status -sb"]}, False, id="codex_argv"),
         pytest.param("shell", {"command": ["git", "commit", "-m", "x"]}, True, id="argv_git_commit"),
-        # the agents' table (proxy.agents): what its kinds say, beyond the name words
+        # the agents' table (proxy.core.agents): what its kinds say, beyond the name words
         pytest.param("AskUserQuestion", {"questions": []}, False, id="claude_code_asks_the_user"),
         pytest.param("ExitPlanMode", {"plan": "x"}, False, id="claude_code_plan_approval"),
         pytest.param("Skill", {"skill": "pdf"}, False, id="claude_code_skill_loads_instructions"),

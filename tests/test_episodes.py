@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from proxy.config import Config, build
+from proxy.core.episodes import ContinuationRule, episodes
 from proxy.dialects import openai_chat
-from proxy.episodes import ContinuationRule, episodes
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
-from proxy.ops.config import Config, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
 from tests.agent_steps import History

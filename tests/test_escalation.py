@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind, Stop, Withhold
+from proxy.config import Config, EscalationConfig, build
+from proxy.core.actions import Remind, Stop, Withhold
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.escalation import WITHHOLD_TEXT, Escalation
-from proxy.ops.config import Config, EscalationConfig, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import ESCALATION_TEXT, StopJudge
 from tests.agent_steps import History
@@ -429,7 +429,7 @@ def test_a_new_result_before_the_reminders_sets_the_count_back_when_resumed() ->
     assert [(a.position, a.count) for a in whole] == [(h.result_position(6), 2)]
 
 
-# --- agents' edits (proxy.agents): successful edits are progress, one failure is one failure ---
+# --- agents' edits (proxy.core.agents): successful edits are progress, one failure is one failure ---
 
 APP = "/r/app.py"
 

@@ -1,4 +1,4 @@
-"""Failure classification of tool results (proxy.failures, issues 4 and 10): the default patterns on
+"""Failure classification of tool results (proxy.core.failures, issues 4 and 10): the default patterns on
 both sides of the line, the explicit exit status and its precedence, the JSON rule, the protocol
 flag, edge-only matching, custom patterns, the default user-rejection patterns, and pinned counts
 on recorded agent runs (read from ../shared/fixtures/realtraj or $LOOPGUARD_REALTRAJ)."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.failures import (
+from proxy.config import RepeatedFailureConfig
+from proxy.core.failures import (
     DEFAULT_FAILURE_PATTERNS,
     EDGE_CHARS,
     EXIT_STATUS,
@@ -25,9 +26,8 @@ from proxy.failures import (
     edge_text,
     exit_status,
 )
+from proxy.core.transcript import ToolResult
 from proxy.guards.repeated_failure import RepeatedFailure
-from proxy.ops.config import RepeatedFailureConfig
-from proxy.transcript import ToolResult
 
 RULE = FailureRule()
 (

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.config import Config, build
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
-from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
 from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import PrefixCache

@@ -20,14 +20,14 @@ import orjson
 import pytest
 
 from bench.workloads import history_messages
-from proxy.actions import Action, Remind, Withhold, applied
+from proxy.core.actions import Action, Remind, Withhold, applied
+from proxy.core.transcript import Step, ToolCall
 from proxy.dialects import Dialect, anthropic_messages, edits, jsonbody, openai_chat, openai_responses
 from proxy.guards.resume import cut
 from proxy.request import prefix_cache
 from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import RequestDecision, decide_request
-from proxy.transcript import Step, ToolCall
 from tests import messages_blocks, responses_items
 from tests.corpus import load_fixtures
 from tests.test_prefix_cache import GUARDS, HEADERS, NAMES

@@ -27,9 +27,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 import proxy.request.rewrite
+from proxy.config import Config
+from proxy.edge.observe import configure_logging
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT
-from proxy.ops.config import Config
-from proxy.ops.observe import configure_logging
 from proxy.request.conversation import key_digest
 from tests.fakes import (
     FakeUpstream,

@@ -29,8 +29,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Stop
-from proxy.ops.config import Config, build
+from proxy.config import Config, build
+from proxy.core.actions import Stop
 from proxy.response.gemini_stream import GeminiStreamGuard
 
 FUZZ = settings(

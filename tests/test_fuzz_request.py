@@ -49,10 +49,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.config import Config, build
+from proxy.core.actions import Action, Remind, Withhold
 from proxy.edge.server import STATS_KEY
 from proxy.guards import build_guards
-from proxy.ops.config import Config, build
 from proxy.request.rewrite import decide_request
 from tests.proxy_server import serve
 

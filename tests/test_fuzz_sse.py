@@ -46,9 +46,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Stop
+from proxy.config import Config, build
+from proxy.core.actions import Stop
 from proxy.edge.server import STATS_KEY
-from proxy.ops.config import Config, build
 from proxy.response import stream_guard
 from proxy.response.assemble import AssembledCall, CallAssembler
 from proxy.response.sse import SSEFramer

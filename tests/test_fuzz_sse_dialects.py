@@ -38,10 +38,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Cut, Stop
+from proxy.config import Config, build
+from proxy.core.actions import Cut, Stop
 from proxy.edge import relay
 from proxy.edge.server import STATS_KEY
-from proxy.ops.config import Config, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.gemini_stream import GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard

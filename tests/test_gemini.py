@@ -16,16 +16,16 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config
+from proxy.core.actions import Remind, Withhold
+from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import anthropic_messages, for_path, gemini, openai_chat, openai_responses
 from proxy.dialects.gemini import Slot, apply, matches, parse_request, slots
 from proxy.errors import DialectError
 from proxy.guards import build_guards
-from proxy.ops.config import Config
 from proxy.request.conversation import conversation_key
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import NOT_CHAT, decide_request
-from proxy.transcript import Said, Step, ToolResult
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.gemini_contents import answer_object, gemini_body

@@ -13,10 +13,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.actions import Stop
+from proxy.config import Config, build
+from proxy.core.actions import Stop
 from proxy.dialects import openai_chat
 from proxy.guards import Context, build_guards, evaluate
-from proxy.ops.config import Config, build
 from proxy.response.decide import DENIALS_TEXT, StopJudge, earlier_stops
 from proxy.response.gemini_stream import GeminiStreamGuard, decide_json
 from tests.conftest import ProxyFactory

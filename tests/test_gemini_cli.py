@@ -14,7 +14,7 @@ a ``model`` content whose ``functionCall`` parts carry the CLI's own ``id``
 (``{name}_{ms}_{n}``) and ``thoughtSignature: "skip_thought_signature_validator"``, and a user
 content of ``functionResponse`` parts with the same ``id``, ``name`` and ``response: {"output":
 …}`` (a shell result: ``<untrusted_context>\\nOutput: …\\nProcess Group PGID: <n>\\n
-</untrusted_context>``; the PGID changes on every run, :data:`proxy.volatile.DEFAULT_MASKS`
+</untrusted_context>``; the PGID changes on every run, :data:`proxy.core.volatile.DEFAULT_MASKS`
 masks it).
 """
 

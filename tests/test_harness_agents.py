@@ -1,5 +1,5 @@
 """Harnesses whose history is text, and their format-error replies, without sockets: what is a
-harness reply (:mod:`proxy.harness_replies`), the stop holding through one and its note
+harness reply (:mod:`proxy.core.harness_replies`), the stop holding through one and its note
 (:mod:`proxy.guards.stop_note`), smolagents' and fenced text actions read as calls
 (:mod:`proxy.dialects.text_actions`), and chats with code samples left alone. The real agents:
 ``tests/test_mini_swe_agent.py``, ``tests/test_smolagents.py``."""
@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Stop
+from proxy.config import Config
+from proxy.core.actions import Stop
+from proxy.core.harness_replies import is_harness_reply
 from proxy.dialects import openai_chat, text_actions
 from proxy.edge.runtime import build_runtime
 from proxy.guards import Context
-from proxy.harness_replies import is_harness_reply
-from proxy.ops.config import Config
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json, deciders
 from tests.fakes import completion, tool_call

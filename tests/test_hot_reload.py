@@ -19,8 +19,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.config import Config, load_config, restart_keys
 from proxy.edge.server import start
-from proxy.ops.config import Config, load_config, restart_keys
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, tool_call
 from tests.proxy_server import serve_process
 from tests.test_shutdown import free_port

@@ -12,11 +12,12 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config, build
+from proxy.core.actions import Remind, Withhold
+from proxy.core.clock import iso_utc
+from proxy.edge.incidents import Incident, IncidentLog, first_fresh_denials
+from proxy.edge.observe import Stats
 from proxy.guards import build_guards
-from proxy.ops.config import Config, build
-from proxy.ops.incidents import Incident, IncidentLog, first_fresh_denials, iso_utc
-from proxy.ops.observe import Stats
 from proxy.request.conversation import key_digest
 from proxy.request.rewrite import decide_request
 from tests.test_circuit_breaker import conversation, letters

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.config import Config
+from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.progress import same_result
+from proxy.core.transcript import Transcript
+from proxy.core.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, compile_masks
 from proxy.dialects import openai_chat
 from proxy.guards import Context, build_guards, evaluate
-from proxy.ops.config import Config
-from proxy.progress import same_result
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
-from proxy.transcript import Transcript
-from proxy.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, compile_masks
 from tests.agent_steps import History
 from tests.rule_helpers import call_at, transcript
 

@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import ConfigError
-from proxy.guards import build_guards
-from proxy.ops.config import (
+from proxy.config import (
     DEFAULT_REJECTION_PATTERNS,
     Config,
     CyclesConfig,
@@ -21,6 +19,8 @@ from proxy.ops.config import (
     build,
     load_config,
 )
+from proxy.errors import ConfigError
+from proxy.guards import build_guards
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from proxy.config import Config
 from proxy.dialects import openai_chat
 from proxy.guards import build_guards
-from proxy.ops.config import Config
 from tests.rule_helpers import call_at
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "loops"

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy import dialects
-from proxy.actions import Stop
+from proxy.config import Config, build
+from proxy.core.actions import Stop
 from proxy.dialects import anthropic_messages, openai_chat
 from proxy.edge import relay, server
 from proxy.guards import Context, build_guards, evaluate
-from proxy.ops.config import Config, build
 from proxy.response.decide import DENIALS_TEXT, StopJudge
 from proxy.response.messages_stream import MessagesStreamGuard, decide_json
 from tests.conftest import ProxyFactory
@@ -57,7 +57,7 @@ class Judge:
 
 def looping_judge() -> StopJudge:
     """The real stop judge for a conversation that made the same call 8 times (results 7 and 8
-    withheld in this turn), built as the server does: a Transcript (proxy.transcript.build, via the
+    withheld in this turn), built as the server does: a Transcript (proxy.core.transcript.build, via the
     chat dialect's parser), the guards' actions on it, a Context. The escalation ladder is off (it
     would stop with its own text; these tests pin the denials stop)."""
     cfg = build(Config, {"guards": {"escalation": {"enabled": False}}})

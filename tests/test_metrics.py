@@ -7,7 +7,7 @@ import dataclasses
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.ops.config import GuardsConfig
+from proxy.config import GuardsConfig
 from tests.fakes import FakeUpstream
 
 

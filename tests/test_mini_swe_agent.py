@@ -13,7 +13,7 @@ What mini does with loopguard's stop (an answer without a tool call / action): i
 error. mini keeps no assistant message for it, adds the user message ``Tool call error:\\n\\n
 <error>\\nNo tool calls found in the response. …`` (text mode: ``Format error:\\n\\n<error>…``)
 and asks again; after ``max_consecutive_format_errors`` (3) in a row it exits on its own with
-``RepeatedFormatError``. The stop holds through those replies (:mod:`proxy.harness_replies`), and
+``RepeatedFormatError``. The stop holds through those replies (:mod:`proxy.core.harness_replies`), and
 loopguard appends its reason to each (:mod:`proxy.guards.stop_note`): the one place in mini's
 history the model reads after a stop. The stop text itself is in the trajectory (``-o``), in the
 format-error message's ``extra.response``; mini's console prints the format-error replies.

@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import MonologueConfig, build
+from proxy.core.actions import Remind
 from proxy.dialects import openai_chat
 from proxy.guards.monologue import Monologue
-from proxy.ops.config import MonologueConfig, build
 from tests.agent_steps import History
 from tests.resume_check import assert_resumes
 from tests.rule_helpers import transcript

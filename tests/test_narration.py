@@ -1,4 +1,4 @@
-"""Narration (issue 4) and the per-conversation state behind it (proxy.request.state, proxy.request.memory).
+"""Narration (issue 4) and the per-conversation state behind it (proxy.core.state, proxy.request.memory).
 
 Requests go through the same pure pipeline the server runs (decide_request with the remembered
 state, then Memory.commit) with an injected clock: no sockets, no sleeping."""
@@ -10,15 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind
-from proxy.dialects.openai_chat import parse_request
-from proxy.guards import Context, build_guards
-from proxy.guards.narration import Narration, duration, render
-from proxy.ops.config import Config, build
-from proxy.request.conversation import key_digest
-from proxy.request.memory import Memory
-from proxy.request.rewrite import RequestDecision, decide_request
-from proxy.request.state import (
+from proxy.config import Config, build
+from proxy.core.actions import Remind
+from proxy.core.state import (
     MAX_NARRATIONS,
     MAX_TURNS,
     ConversationState,
@@ -26,6 +20,12 @@ from proxy.request.state import (
     StateStore,
     observe,
 )
+from proxy.dialects.openai_chat import parse_request
+from proxy.guards import Context, build_guards
+from proxy.guards.narration import Narration, duration, render
+from proxy.request.conversation import key_digest
+from proxy.request.memory import Memory
+from proxy.request.rewrite import RequestDecision, decide_request
 from tests.agent_steps import History
 from tests.fakes import only_guard
 

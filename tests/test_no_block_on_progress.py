@@ -12,9 +12,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Withhold
+from proxy.config import Config
+from proxy.core.actions import Withhold
 from proxy.guards import Context, build_guards
-from proxy.ops.config import Config
 from proxy.request.rewrite import decide_request
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge

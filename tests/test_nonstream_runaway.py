@@ -21,7 +21,7 @@ import structlog
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.ops.observe import configure_logging
+from proxy.edge.observe import configure_logging
 from proxy.response.as_stream import Assembly, error_status, stream_rejected, stream_request, top_level_values
 from proxy.response.assemble import CompletionAssembler
 from proxy.response.decide import DENIALS_TEXT

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.ops.observe import configure_logging
+from proxy.edge.observe import configure_logging
 from tests.fake_responses import FakeResponses, function_call
 from tests.fakes import FakeUpstream, completion, sse_events, tool_call
 from tests.proxy_server import serve
@@ -216,7 +216,7 @@ async def test_one_guard_observed_the_others_enforced(upstream: FakeUpstream, ca
     ],
 )
 def test_observed_rules_per_section(config: dict[str, Any], observed: str) -> None:
-    from proxy.ops.config import Config, build
+    from proxy.config import Config, build
 
     assert " ".join(sorted(build(Config, config).observed_rules())) == observed
 
@@ -268,8 +268,8 @@ async def test_observe_mode_on_the_responses_api(
     """The Responses dialect, whole input every request: byte-identical both ways, actions
     observed; its capture replays to the same request-side actions (Responses answers are not
     captured, so the stops are not replayed)."""
-    from proxy.ops.config import Config, build
-    from proxy.ops.replay import load, replay
+    from proxy.cli.replay import load, replay
+    from proxy.config import Config, build
 
     capture = tmp_path / "capture.jsonl"
     config = {"mode": "observe", "capture": {"path": str(capture)}}

@@ -9,12 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind, Withhold
-from proxy.canonical import INVALID
+from proxy.core.actions import Remind, Withhold
+from proxy.core.canonical import INVALID
+from proxy.core.transcript import Step, ToolResult
 from proxy.dialects.openai_chat import apply as apply_bytes
 from proxy.dialects.openai_chat import parse_request
 from proxy.errors import DialectError
-from proxy.transcript import Step, ToolResult
 
 # --- message builders -------------------------------------------------------------------------------
 

@@ -12,14 +12,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config
+from proxy.core.actions import Remind, Withhold
+from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import for_path, openai_chat, openai_responses
 from proxy.dialects.openai_responses import apply, parse_request
 from proxy.errors import DialectError
 from proxy.guards import build_guards
-from proxy.ops.config import Config
 from proxy.request.rewrite import NOT_CHAT, decide_request
-from proxy.transcript import Said, Step, ToolResult
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.responses_items import responses_body

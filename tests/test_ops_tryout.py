@@ -24,14 +24,14 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.edge.forward import redact_url
+from proxy.cli.replay import load
+from proxy.config import Config, StateConfig, build, config_errors, load_config
+from proxy.config.redact import redact_url
+from proxy.edge.observe import Stats, configure_logging
 from proxy.edge.runtime import Live, build_runtime, reload_logged
 from proxy.edge.server import METRICS_KEY, STATS_KEY, start
 from proxy.edge.shared_state import LOST, SharedState
 from proxy.errors import ConfigError
-from proxy.ops.config import Config, StateConfig, build, config_errors, load_config
-from proxy.ops.observe import Stats, configure_logging
-from proxy.ops.replay import load
 from tests.fakes import FakeUpstream
 from tests.proxy_server import serve, serve_process
 from tests.test_cli_people import ENV, ROOT, _startup_line, cli, free_port

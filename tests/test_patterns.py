@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.patterns import NamePatterns
+from proxy.core.patterns import NamePatterns
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ Claude Code replaces a tool result over ~30 KB with a ``<persisted-output>`` blo
 (the shape recorded in the native sessions, e.g. ``cc-cli-6d63c3a51594-0``; the publisher
 redacted the paths there). Without masking that name, an exact loop with big outputs never gets
 the same result twice: no reminder, no denial, no stop. The default masks
-(:data:`proxy.volatile.DEFAULT_MASK_PATTERNS`) mask it, so two such results are the same when
+(:data:`proxy.core.volatile.DEFAULT_MASK_PATTERNS`) mask it, so two such results are the same when
 their size and preview are. Pinned on the masks and end to end through the real server in the
 Messages dialect, JSON and SSE.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from proxy.progress import same_text
-from proxy.volatile import DEFAULT_MASKS, MASK, mask
+from proxy.core.progress import same_text
+from proxy.core.volatile import DEFAULT_MASKS, MASK, mask
 from tests.realtraj_native import replay_sessions
 from tests.test_realtraj_native_gate import MINI_OBSERVATIONS
 

@@ -12,8 +12,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.config import Config
 from proxy.guards import Context, build_guards
-from proxy.ops.config import Config
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import StopJudge, decide_json
 from tests.fakes import completion

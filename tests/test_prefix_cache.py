@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.config import Config, build
 from proxy.dialects import Dialect, anthropic_messages, edits, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
-from proxy.ops.config import Config, build
 from proxy.request import prefix_cache
 from proxy.request.conversation import key_digest
 from proxy.request.prefix_cache import Prefix, PrefixCache, read

@@ -8,14 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Action, Remind, Stop, Withhold
-from proxy.errors import ConfigError
-from proxy.guards import Context, build_guards
-from proxy.guards.circuit_breaker import RULE as BREAKER
-from proxy.guards.repeat_reminder import RULE as REMINDER
-from proxy.guards.turn_guard import RULE as TURN
-from proxy.ops.config import Config, build, load_config
-from proxy.progress import (
+from proxy.config import Config, build, load_config
+from proxy.core.actions import Action, Remind, Stop, Withhold
+from proxy.core.progress import (
     DEFAULT_MASK_PATTERNS,
     DEFAULT_MASKS,
     MASK,
@@ -24,10 +19,15 @@ from proxy.progress import (
     mask,
     same_result,
 )
+from proxy.core.transcript import ToolResult
+from proxy.errors import ConfigError
+from proxy.guards import Context, build_guards
+from proxy.guards.circuit_breaker import RULE as BREAKER
+from proxy.guards.repeat_reminder import RULE as REMINDER
+from proxy.guards.turn_guard import RULE as TURN
 from proxy.request.rewrite import decide_request
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
-from proxy.transcript import ToolResult
 from tests.agent_steps import History
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream
@@ -377,7 +377,7 @@ def test_remind_after_position_is_fresh_only_for_the_newest_step() -> None:
 
 
 def test_masks_apply_line_by_line_and_memoized_verdicts_agree() -> None:
-    from proxy.progress import _memo, same_text
+    from proxy.core.progress import _memo, same_text
 
     assert mask("pid\n42", DEFAULT_MASKS) == "pid\n42"  # a span never crosses a line break
     assert not same_text("a\n10:00", "a\n10:01\n", DEFAULT_MASKS)  # a line more is different

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import Config, RecurrenceConfig, build
+from proxy.core.actions import Remind
 from proxy.guards import build_guards
 from proxy.guards.recurrence import Recurrence
-from proxy.ops.config import Config, RecurrenceConfig, build
 from tests.agent_steps import History
 from tests.rule_helpers import summary, transcript
 

@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import Config, GuardsConfig, RepeatReminderConfig, build
+from proxy.core.actions import Remind
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
 from proxy.guards.repeat_reminder import DETAILED_TEXT, GENTLE_TEXT, RepeatReminder, preview
-from proxy.ops.config import Config, GuardsConfig, RepeatReminderConfig, build
 from proxy.request.conversation import key_digest
 from proxy.request.rewrite import decide_request
 

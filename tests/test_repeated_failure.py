@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import RepeatedFailureConfig, build
+from proxy.core.actions import Remind
 from proxy.guards.repeated_failure import RepeatedFailure
-from proxy.ops.config import RepeatedFailureConfig, build
 from tests.agent_steps import History
 from tests.resume_check import assert_resumes
 from tests.rule_helpers import summary, transcript

@@ -20,11 +20,11 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.canonical import canonical_arguments, parse_arguments
-from proxy.ops.capture import PREFIX, digest, redact_arguments
-from proxy.ops.config import Config, build
-from proxy.ops.observe import configure_logging
-from proxy.ops.replay import as_json, load, replay, replay_all, table, totals
+from proxy.cli.replay import as_json, load, replay, replay_all, table, totals
+from proxy.config import Config, build
+from proxy.core.canonical import canonical_arguments, parse_arguments
+from proxy.edge.capture import PREFIX, digest, redact_arguments
+from proxy.edge.observe import configure_logging
 from proxy.request.conversation import key_digest
 from tests.corpus import fixture_dir
 from tests.fakes import FakeUpstream

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from proxy.config import Config, build, to_plain
 from proxy.errors import ConfigError
-from proxy.ops.config import Config, build, to_plain
 
 
 def test_defaults_match_the_issue() -> None:

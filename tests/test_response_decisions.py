@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 import proxy.response.decide
-from proxy.actions import Cut, Stop
+from proxy.config import Config, build
+from proxy.core.actions import Cut, Stop
 from proxy.dialects import openai_chat
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
-from proxy.ops.config import Config, build
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import (
     CAP_TEXT,

@@ -19,8 +19,8 @@ from aiohttp import web
 
 import proxy.edge.relay
 import proxy.response.stream_guard
-from proxy.ops.config import GuardsConfig
-from proxy.ops.observe import configure_logging
+from proxy.config import GuardsConfig
+from proxy.edge.observe import configure_logging
 from proxy.request.conversation import key_digest
 from proxy.response.decide import DENIALS_TEXT
 from tests.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call

@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Remind, Withhold
+from proxy.config import Config, ResponsesStoreConfig, build
+from proxy.core.actions import Remind, Withhold
 from proxy.dialects import openai_responses
 from proxy.dialects.openai_responses import apply_chained
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards
-from proxy.ops.config import Config, ResponsesStoreConfig, build
 from proxy.request.response_store import (
     NOT_RUN_TEXT,
     UNKNOWN_PREVIOUS,

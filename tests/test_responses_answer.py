@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.actions import Stop
-from proxy.ops.config import Config
+from proxy.config import Config
+from proxy.core.actions import Stop
 from proxy.response.responses_stream import ResponsesStreamGuard, decide_json
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages

@@ -20,11 +20,11 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from proxy.config import Config, build
 from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, Guard, build_guards, evaluate
 from proxy.guards.narration import Narration
 from proxy.guards.resume import Checkpoint, cut, evaluate_from, resumable
-from proxy.ops.config import Config, build
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.rewrite import decide_request
 from proxy.response.assemble import AssembledCall

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from proxy.config import SameTargetConfig, build
 from proxy.guards.same_target import SameTarget
-from proxy.ops.config import SameTargetConfig, build
 from tests.agent_steps import Call, History
 from tests.resume_check import assert_resumes
 from tests.rule_helpers import summary, transcript

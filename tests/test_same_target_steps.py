@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.actions import Remind
+from proxy.core.actions import Remind
 from tests.agent_steps import History
 from tests.reminder_facts import check_reminder
 from tests.resume_check import assert_resumes

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from proxy.config import Config, StateConfig, TurnGuardConfig, build
+from proxy.core.state import ConversationState, NarrationMark
 from proxy.dialects import openai_chat
+from proxy.edge.observe import Stats
 from proxy.edge.shared_state import LOST, SharedState, sum_counters
 from proxy.errors import ConfigError
 from proxy.guards import build_guards
-from proxy.ops.config import Config, StateConfig, TurnGuardConfig, build
-from proxy.ops.observe import Stats
 from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
 from proxy.request.response_store import Entry
@@ -30,7 +31,6 @@ from proxy.request.shared import (
     encode_state,
     newer,
 )
-from proxy.request.state import ConversationState, NarrationMark
 
 STATE = ConversationState(
     {-1: 5, 0: 1_000},

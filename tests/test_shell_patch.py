@@ -1,4 +1,4 @@
-"""A patch run through Codex's shell tool is read as the patch it carries (proxy/agents.py,
+"""A patch run through Codex's shell tool is read as the patch it carries (proxy/core/agents.py,
 DESIGN §2.2): Codex 0.171 offers no edit tool to a custom model provider, so its model edits with
 ``exec_command {"cmd": "apply_patch <<'EOF' … EOF"}``, which Codex intercepts and applies itself.
 Such a call is on the patch's first file, as the ``apply_patch`` tool; its change (old/new
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from proxy import agents
-from proxy.effects import EditLedger, EffectRule, Situations, is_mutation
-from proxy.targets import TargetRule, call_on
+from proxy.core import agents
+from proxy.core.effects import EditLedger, EffectRule, Situations, is_mutation
+from proxy.core.targets import TargetRule, call_on
 from tests.agent_steps import History
 from tests.rule_helpers import transcript
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.actions import Withhold
+from proxy.config import Config
+from proxy.core.actions import Withhold
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards
-from proxy.ops.config import Config
 from proxy.response.decide import StopJudge
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "loops").glob("*.json"))

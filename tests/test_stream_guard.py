@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Cut, Stop
-from proxy.ops.config import Config, build
+from proxy.config import Config, build
+from proxy.core.actions import Cut, Stop
 from proxy.response.assemble import AssembledCall, CallAssembler
 from proxy.response.sse import SSEFramer
 from proxy.response.stream_guard import StreamGuard

@@ -1,4 +1,4 @@
-"""Target of a tool call (proxy.targets, issue 4): first present argument, whitespace-normalized,
+"""Target of a tool call (proxy.core.targets, issue 4): first present argument, whitespace-normalized,
 per-tool overrides, command words."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.canonical import INVALID
-from proxy.targets import DEFAULT_TARGET_ARGS, Target, TargetRule, command_words, path_key
+from proxy.core.canonical import INVALID
+from proxy.core.targets import DEFAULT_TARGET_ARGS, Target, TargetRule, command_words, path_key
 
 RULE = TargetRule()
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.actions import Cut, Remind, Repair, Stop, Withhold
-from proxy.canonical import canonical_arguments
+from proxy.config import Config, build, load_config
+from proxy.core.actions import Cut, Remind, Repair, Stop, Withhold
+from proxy.core.canonical import canonical_arguments
 from proxy.dialects import openai_chat, openai_responses
 from proxy.dialects.text_calls import find_calls, tool_responses
 from proxy.guards import build_guards
-from proxy.ops.config import Config, build, load_config
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json
 from proxy.response.repair import Repairer, allowed_tools, for_request

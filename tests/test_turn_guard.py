@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.actions import Withhold
+from proxy.config import Config, TurnGuardConfig, build
+from proxy.core.actions import Withhold
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import build_guards
 from proxy.guards.narration import Narration
 from proxy.guards.turn_guard import MUTED_TEXT, TRIP_TEXT, TurnGuard
-from proxy.ops.config import Config, TurnGuardConfig, build
 from proxy.request.rewrite import decide_request
 from tests.agent_steps import Call, History
 from tests.fakes import only_guard

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from proxy.cli.main import main
+from proxy.config import Config, TurnGuardConfig, build, load_config
+from proxy.core.failures import DEFAULT_FAILURE_PATTERNS
 from proxy.errors import ConfigError
-from proxy.failures import DEFAULT_FAILURE_PATTERNS
 from proxy.guards import build_guards
-from proxy.ops.cli import main
-from proxy.ops.config import Config, TurnGuardConfig, build, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.config import Config
 from proxy.edge.server import start
-from proxy.ops.config import Config
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, repeated_call_messages
 from tests.proxy_server import proxy_config

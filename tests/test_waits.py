@@ -1,4 +1,4 @@
-"""Waiting on a running process is not looping (proxy.waits, proxy.guards.waiting): the shapes
+"""Waiting on a running process is not looping (proxy.core.waits, proxy.guards.waiting): the shapes
 are those of the recorded Codex and Claude Code sessions (shared/fixtures/realtraj-native)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from proxy.actions import Remind
+from proxy.config import Config, WaitingConfig, load_config
+from proxy.core.actions import Remind
+from proxy.core.transcript import ToolCall, ToolResult
+from proxy.core.waits import has_output, is_wait, poll_of, sleep_ms, started, waited_ms
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.waiting import PROCESS_TEXT, SLEEP_TEXT, Waiting
-from proxy.ops.config import Config, WaitingConfig, load_config
-from proxy.transcript import ToolCall, ToolResult
-from proxy.waits import has_output, is_wait, poll_of, sleep_ms, started, waited_ms
 from tests.agent_steps import Call, History
 from tests.rule_helpers import call_at, transcript
 

@@ -1,4 +1,4 @@
-"""Wire dialects: read a request body into a :class:`proxy.transcript.Transcript` and write
+"""Wire dialects: read a request body into a :class:`proxy.core.transcript.Transcript` and write
 actions back into it (DESIGN §2.1).
 
 :data:`REGISTRY` maps request path suffixes to dialects: ``/chat/completions``
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from proxy.actions import Action
+from proxy.core.actions import Action
+from proxy.core.transcript import Transcript
 from proxy.dialects import anthropic_messages, gemini, openai_chat, openai_responses
-from proxy.transcript import Transcript
 
 
 class Dialect(Protocol):

@@ -23,12 +23,12 @@ dialect would see them, so that the same conversation gets the same positions in
   FIRST"), and text there is new input the model reads after them;
 - a result pairs with the first call still waiting with its ``tool_use_id`` (without an id: the
   oldest waiting call of the latest step, as in chat). ``is_error: true`` is the failure flag
-  (``ToolResult.is_error``); anything else leaves failures to the text (:mod:`proxy.failures`);
+  (``ToolResult.is_error``); anything else leaves failures to the text (:mod:`proxy.core.failures`);
 - a message of any other role is one slot the guards do not read, and, unlike a chat ``system``
   message, it does not end the step before it: the API has no such role, and Claude Code sends
   ``"role": "system"`` notes there ("The user hasn't heard from you in a while…" after every 5th
   step without text, measured with Claude Code 2.1.332), after a step's results, so the request
-  still answers that step (:attr:`proxy.transcript.Transcript.newest_step`).
+  still answers that step (:attr:`proxy.core.transcript.Transcript.newest_step`).
 
 Writes (:func:`apply`, byte edits: :func:`proxy.dialects.edits.replace_member` and
 :func:`proxy.dialects.edits.append_text`; only the edited spans change, so ``thinking`` blocks and
@@ -59,12 +59,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Remind
-from proxy.canonical import parse_arguments
+from proxy.core.actions import Action, Remind
+from proxy.core.canonical import parse_arguments
+from proxy.core.transcript import Said, ToolResult, Transcript
 from proxy.dialects import edits, jsonbody
 from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript
 
 #: Ends the request path: ``/v1/messages`` (behind any prefix), not ``/v1/messages/count_tokens``
 #: nor an OpenAI Assistants ``/v1/threads/{id}/messages``.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.core.actions import Action, Remind, Withhold
 from proxy.dialects import jsonbody, text_calls
 
 #: (start, end, replacement bytes): one edit of :func:`proxy.dialects.jsonbody.splice`.

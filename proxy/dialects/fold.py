@@ -1,4 +1,4 @@
-"""The parse state every dialect's ``Fold`` keeps (issue 15): what :func:`proxy.transcript.build`
+"""The parse state every dialect's ``Fold`` keeps (issue 15): what :func:`proxy.core.transcript.build`
 takes, gathered one history item at a time, and an independent copy of it for the prefix cache
 (:mod:`proxy.request.prefix_cache`). A dialect subclasses :class:`FoldState`, adds its own
 ``feed`` (through :meth:`FoldState.new_step`, :meth:`~FoldState.new_call`,
@@ -6,8 +6,8 @@ takes, gathered one history item at a time, and an independent copy of it for th
 ``EXTRA`` (copied as they are).
 
 What can no longer change is kept built and shared (copy-on-write): a call whose result has
-arrived is a :class:`proxy.transcript.ToolCall`, a step that is not the latest and has all its
-results a :class:`proxy.transcript.Step`, and said messages are :class:`proxy.transcript.Said`.
+arrived is a :class:`proxy.core.transcript.ToolCall`, a step that is not the latest and has all its
+results a :class:`proxy.core.transcript.Step`, and said messages are :class:`proxy.core.transcript.Said`.
 :meth:`FoldState.copy` copies only the open records (calls waiting for their result, their steps,
 the latest step) and :meth:`FoldState.finish` builds only those, so a prefix-cache hit costs what
 its new items cost, not what its history costs (a pointer copy of each list aside)."""
@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
+from proxy.core.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 from proxy.dialects import text_actions, text_calls
 from proxy.errors import DialectError
-from proxy.transcript import Said, Step, ToolCall, ToolResult, Transcript, build
 
 _F = TypeVar("_F", bound="FoldState")
 
@@ -37,9 +37,9 @@ def history(body: Any, member: str) -> list[Any]:
 
 
 class FoldState:
-    """``calls``: per seq, a built :class:`~proxy.transcript.ToolCall` once its result arrived,
+    """``calls``: per seq, a built :class:`~proxy.core.transcript.ToolCall` once its result arrived,
     else a dict of its fields (open). ``steps``: per index, a built
-    :class:`~proxy.transcript.Step` once it is not the latest and all its calls have results, else
+    :class:`~proxy.core.transcript.Step` once it is not the latest and all its calls have results, else
     a dict with ``index``, ``position``, ``calls`` (a list), ``end`` and the dialect's own keys.
     ``users`` and ``texts`` (positions), ``said``, ``pending`` (call id → seqs of calls waiting
     for their result; no empty queues), ``turn``, ``last_kind`` (``"step"`` while the history ends

@@ -57,12 +57,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Remind
-from proxy.canonical import parse_arguments
+from proxy.core.actions import Action, Remind
+from proxy.core.canonical import parse_arguments
+from proxy.core.transcript import Said, ToolResult, Transcript
 from proxy.dialects import edits, jsonbody, text_calls
 from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript
 
 #: The name of this dialect's requests (the prefix cache's namespace, :mod:`proxy.request.prefix_cache`);
 #: which paths are Gemini requests is :func:`matches`.

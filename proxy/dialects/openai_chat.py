@@ -36,12 +36,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.actions import Action, Withhold
-from proxy.canonical import parse_arguments
+from proxy.core.actions import Action, Withhold
+from proxy.core.canonical import parse_arguments
+from proxy.core.transcript import Said, ToolResult, Transcript
 from proxy.dialects import edits, jsonbody, text_actions, text_calls
 from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript
 
 PATH_SUFFIX = "/chat/completions"
 #: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.

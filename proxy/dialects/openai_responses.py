@@ -39,12 +39,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.actions import Action, Remind, Withhold
-from proxy.canonical import parse_arguments
+from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.canonical import parse_arguments
+from proxy.core.transcript import Said, ToolResult, Transcript
 from proxy.dialects import edits, jsonbody, text_calls
 from proxy.dialects.fold import FoldState
 from proxy.errors import DialectError
-from proxy.transcript import Said, ToolResult, Transcript
 
 PATH_SUFFIX = "/responses"
 #: The top-level member that holds the history (a list), for :mod:`proxy.request.prefix_cache`.

@@ -7,7 +7,7 @@ there is no limit on connections; and a client that sends its request and then s
 side (``shutdown(SHUT_WR)``, as some HTTP/1.0 clients do) loses the answer, because the protocol's
 ``eof_received`` returns None and asyncio then closes the transport (the handler is cancelled).
 
-Here, with ``listen.*`` (:class:`proxy.ops.config.ListenConfig`):
+Here, with ``listen.*`` (:class:`proxy.config.ListenConfig`):
 
 - :class:`AgentHandler` times the request headers (``header_timeout_s``: from the connection's
   opening, and on a kept-alive connection from the first byte of the next request; an idle

@@ -54,11 +54,11 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.actions import Action, Stop
+from proxy.config import Config
+from proxy.core.actions import Action, Stop
+from proxy.edge.incidents import IncidentLog
+from proxy.edge.observe import Stats, action_summary
 from proxy.guards import Context, Guard
-from proxy.ops.config import Config
-from proxy.ops.incidents import IncidentLog
-from proxy.ops.observe import Stats, action_summary
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
 from proxy.response import gemini_stream, messages_stream, repair

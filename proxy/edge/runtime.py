@@ -8,7 +8,7 @@ finishes under the config it started with while later requests get the new one.
 :func:`reload` (``SIGHUP``, ``POST /loop-guard/reload``) re-reads the config through the
 ``loader`` the CLI gave (the same file, environment and flags as at start). It changes nothing
 and raises :class:`proxy.errors.ConfigError` naming the key when the file is invalid, or when it
-changes a key only a restart can change (:data:`proxy.ops.config.RESTART_ONLY`: the listening
+changes a key only a restart can change (:data:`proxy.config.RESTART_ONLY`: the listening
 socket, the upstream pool and its timeouts, the stores sized at start, the state backend, the
 incident log's file): rejecting such a file, rather than applying the rest, keeps the running
 config equal to one file that was read. What the process remembers (the state store, the
@@ -24,11 +24,11 @@ from types import ModuleType
 
 import structlog
 
+from proxy.config import Config, restart_keys
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.guards.stop_note import stop_note_for
-from proxy.ops.config import Config, restart_keys
 from proxy.request.memory import Memory
 
 log = structlog.get_logger("loopguard")
@@ -101,7 +101,7 @@ class Live:
 async def reload(live: Live) -> Runtime:
     """Re-read the config and make it current (requests in flight keep theirs). Raises
     :class:`ConfigError` naming the key, and changes nothing, when the file is invalid, when it
-    changes a key only a restart can change (:func:`proxy.ops.config.restart_keys`; the first one
+    changes a key only a restart can change (:func:`proxy.config.restart_keys`; the first one
     is the key, the message lists them all), or when there is no file to re-read (``<file>``).
     Reading the file and building the guards (regular expressions) run in a worker thread: the
     event loop goes on serving meanwhile."""
@@ -122,7 +122,7 @@ async def reload(live: Live) -> Runtime:
 
 async def reload_logged(live: Live, via: str) -> str | None:
     """:func:`reload`, logged: ``config_reloaded`` (info, with the guards now on and their modes,
-    :meth:`proxy.ops.config.Config.modes`, as the ``listening`` line) or
+    :meth:`proxy.config.Config.modes`, as the ``listening`` line) or
     ``config_reload_rejected`` (warning, with ``key`` and the message ``error``; any other
     exception is a bug, logged as an error with its type). ``via``: ``SIGHUP`` or ``http``.
     Returns the error message, None when reloaded."""

@@ -41,21 +41,21 @@ Behaviour at the edge:
   reach the agent); an unknown id is counted in ``unguarded`` and logged once per chain
   (``unknown_previous_response``). Any error there fails open like the guards.
 - Circuit-breaker incidents of a request are recorded right after its decision
-  (:mod:`proxy.ops.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
+  (:mod:`proxy.edge.incidents`; the file is written by a background task opened in ``cleanup_ctx``).
 - Hot reload (issue 16): ``SIGHUP`` and ``POST /loop-guard/reload`` re-read the config file
   (:mod:`proxy.edge.runtime`). What a request uses of the config (guards, the response side, the admin
   token, the conversation-key headers) is the :class:`Runtime` it started with
   (:func:`_rt`), so a request in flight finishes under its config. An invalid file, or one that
-  changes a key only a restart can change (:data:`proxy.ops.config.RESTART_ONLY`), is rejected
+  changes a key only a restart can change (:data:`proxy.config.RESTART_ONLY`), is rejected
   naming the key (the endpoint answers 400 with the message), and the running config stays.
 - Several replicas (issue 16, ``state.backend``): the request side's state is fetched before and
   written after the (pure) decision, a kept Responses answer before its last bytes reach the
   agent, incidents are claimed by the writer (:mod:`proxy.edge.shared_state`).
 - Observe mode (issue 16, ``mode``): the guards get the observed rules
-  (:meth:`proxy.ops.config.Config.observed_rules`); their actions are logged, counted and
+  (:meth:`proxy.config.Config.observed_rules`); their actions are logged, counted and
   recorded but not applied, and the response side's observed part reads the answer in a shadow
   (:class:`proxy.edge.relay.Shadow`) that changes no byte.
-- Capture (``capture.path``, :mod:`proxy.ops.capture`): after a guarded request's log line, one
+- Capture (``capture.path``, :mod:`proxy.edge.capture`): after a guarded request's log line, one
   capture line with the history the agent sent and the upstream's chat answer as the response
   side's tap read it; fails open like the guards.
 """
@@ -80,17 +80,17 @@ from aiohttp.web_urldispatcher import _default_expect_handler  # what every rout
 from multidict import CIMultiDict
 
 from proxy import dialects
+from proxy.config import Config
+from proxy.config.redact import redact_url
 from proxy.dialects import anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
-from proxy.edge import connections, forward, relay
+from proxy.edge import capture, connections, forward, relay
+from proxy.edge.capture import CaptureLog
+from proxy.edge.incidents import IncidentLog
+from proxy.edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.edge.metrics import Metrics
+from proxy.edge.observe import SERVER_LOG, Stats, action_summary
 from proxy.edge.runtime import Live, Runtime, build_runtime, reload_logged
 from proxy.edge.shared_state import SharedState
-from proxy.ops import capture
-from proxy.ops.capture import CaptureLog
-from proxy.ops.config import Config
-from proxy.ops.incidents import IncidentLog
-from proxy.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.ops.metrics import Metrics
-from proxy.ops.observe import SERVER_LOG, Stats, action_summary
 from proxy.request import plain
 from proxy.request.conversation import key_digest
 from proxy.request.memory import Memory
@@ -108,7 +108,7 @@ SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 #: (upstream base URL without user info, ``Authorization`` value built from that user info or None)
 UPSTREAM_KEY = web.AppKey("upstream", tuple)
 INCIDENTS_KEY = web.AppKey("incidents", IncidentLog)
-#: Per-conversation memory of the turn guard and narration (proxy.request.memory / proxy.request.state).
+#: Per-conversation memory of the turn guard and narration (proxy.request.memory / proxy.core.state).
 MEMORY_KEY = web.AppKey("memory", Memory)
 #: The Responses API's previous_response_id chains (proxy.request.response_store).
 RESPONSES_KEY = web.AppKey("responses_store", ResponseStore)
@@ -125,7 +125,7 @@ OPEN_KEY = web.AppKey("open", set)
 PENDING_KEY = web.AppKey("pending", set)
 #: Set when a shutdown's grace period is over.
 GRACE_OVER_KEY = web.AppKey("grace_over", asyncio.Event)
-#: The capture writer (``capture.path``, :mod:`proxy.ops.capture`), or absent when off.
+#: The capture writer (``capture.path``, :mod:`proxy.edge.capture`), or absent when off.
 CAPTURE_KEY = web.AppKey("capture", CaptureLog)
 #: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
 DECIDED_MS: Any = (
@@ -224,8 +224,7 @@ def _timeout_response(
         status=504,
         body=_error_json(
             request,
-            f"loopguard: upstream {forward.redact_url(base)} sent nothing for longer than "
-            "upstream.read_timeout_s",
+            f"loopguard: upstream {redact_url(base)} sent nothing for longer than upstream.read_timeout_s",
             "upstream_timeout",
             504,
         ),
@@ -722,7 +721,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
 
 
 def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> None:
-    """One capture line for a guarded request (:mod:`proxy.ops.capture`); fails open."""
+    """One capture line for a guarded request (:mod:`proxy.edge.capture`); fails open."""
     app = request.app
     cfg = _rt(request).cfg
     if _dialect(request) is gemini:
@@ -825,7 +824,7 @@ async def _forward(
             status=502,
             body=_error_json(
                 request,
-                f"loopguard: upstream {forward.redact_url(base)} unreachable ({type(exc).__name__})",
+                f"loopguard: upstream {redact_url(base)} unreachable ({type(exc).__name__})",
                 "upstream_unreachable",
                 502,
             ),
@@ -1225,11 +1224,11 @@ async def serve_forever(
         "listening",
         host=cfg.listen.host,
         port=port,
-        upstream=forward.redact_url(cfg.upstream.url),
+        upstream=redact_url(cfg.upstream.url),
         config=source or "(defaults)",
         guards=cfg.modes(),
         capture=cfg.capture.path or None,
-        state=forward.redact_url(cfg.state.backend),
+        state=redact_url(cfg.state.backend),
         event_loop=loop_name,
     )
     if not cfg.admin_token:

@@ -53,8 +53,9 @@ from typing import Any, TypeVar
 import orjson
 import structlog
 
-from proxy.ops.config import ResponsesStoreConfig, StateConfig
-from proxy.ops.observe import Stats
+from proxy.config import ResponsesStoreConfig, StateConfig
+from proxy.core.state import TTL_MS, ConversationState
+from proxy.edge.observe import Stats
 from proxy.request.response_store import Entry
 from proxy.request.rewrite import RequestDecision
 from proxy.request.shared import (
@@ -68,7 +69,6 @@ from proxy.request.shared import (
     entry_digests,
     newer,
 )
-from proxy.request.state import TTL_MS, ConversationState
 
 log = structlog.get_logger("loopguard")
 
@@ -98,7 +98,7 @@ class RedisBackend:
 
     Keys (all under ``state.prefix``): ``conv:<key>`` a conversation's state, by its fixed-size
     key (:func:`proxy.request.conversation.key_digest`, the same on every replica; expires
-    :data:`proxy.request.state.TTL_MS` after its last write), ``resp:<key>`` an entry's description
+    :data:`proxy.core.state.TTL_MS` after its last write), ``resp:<key>`` an entry's description
     (by :func:`proxy.request.response_store.store_key`: the credential's and the id's digest)
     and ``seg:<digest>`` its segments (expire ``responses_store.max_age_s`` after their last write;
     null = never: bound them with Redis's ``maxmemory``), ``incident:<kind>:<agent>`` a claim,
@@ -207,7 +207,7 @@ def sum_counters(replicas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def counters(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The counters of a :meth:`proxy.ops.observe.Stats.snapshot` (no uptime, no incident list)."""
+    """The counters of a :meth:`proxy.edge.observe.Stats.snapshot` (no uptime, no incident list)."""
     return {k: v for k, v in snapshot.items() if k not in ("uptime_s", "incidents")}
 
 

@@ -11,10 +11,15 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from proxy.actions import Action
-from proxy.effects import EffectRule, Situations
-from proxy.episodes import ContinuationRule
-from proxy.failures import FailureRule, RejectionRule
+from proxy.config import GuardsConfig
+from proxy.core.actions import Action
+from proxy.core.effects import EffectRule, Situations
+from proxy.core.episodes import ContinuationRule
+from proxy.core.failures import FailureRule, RejectionRule
+from proxy.core.progress import DEFAULT_MASKS, Masks
+from proxy.core.state import ConversationState
+from proxy.core.targets import TargetRule
+from proxy.core.transcript import Transcript
 from proxy.guards.circuit_breaker import CircuitBreaker
 from proxy.guards.cycles import Cycles
 from proxy.guards.echo_loop import EchoLoop
@@ -28,18 +33,13 @@ from proxy.guards.resume import context_for
 from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
 from proxy.guards.waiting import Waiting
-from proxy.ops.config import GuardsConfig
-from proxy.progress import DEFAULT_MASKS, Masks
-from proxy.request.state import ConversationState
-from proxy.targets import TargetRule
-from proxy.transcript import Transcript
 
 
 @dataclass(frozen=True, slots=True)
 class Context:
     """What a guard may know besides the transcript: the conversation key (DESIGN §4), the
     current time in ms since the epoch, and the conversation's remembered state
-    (:mod:`proxy.request.state`; None when unknown or not kept). Only time-based rules (narration) read
+    (:mod:`proxy.core.state`; None when unknown or not kept). Only time-based rules (narration) read
     ``now_ms`` and ``state``."""
 
     conversation: str = ""
@@ -66,8 +66,8 @@ def build_guards(
     issue-7 rules, ``waiting`` (a long wait's reminder), and last ``escalation`` (it reads the
     reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
-    (:mod:`proxy.effects`); ``continuations``: which user messages do not start a new episode
-    (:mod:`proxy.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
+    (:mod:`proxy.core.effects`); ``continuations``: which user messages do not start a new episode
+    (:mod:`proxy.core.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
     note on harness replies (:func:`proxy.guards.stop_note.stop_note_for`; last: it reads every
     other guard's withheld results)."""
     turn = cfg.turn_guard
@@ -122,7 +122,7 @@ def evaluate(
     and is itself enforced reads only the applied ones (those of rules not in ``observed``): an
     enforced escalation never counts reminders the model was not given, so what it says is true.
     An observed one reads them all: it reports what enforcing every rule would do. Marking the
-    returned actions ``observed`` is the caller's (:func:`proxy.actions.mark_observed`)."""
+    returned actions ``observed`` is the caller's (:func:`proxy.core.actions.mark_observed`)."""
     actions: list[Action] = []
     for guard in guards:
         actions.extend(guard(transcript, context_for(guard, ctx, actions, observed)))

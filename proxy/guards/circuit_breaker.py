@@ -15,11 +15,11 @@ Rules:
   The cap is checked first, so once it is reached every later denial is of kind ``cap``.
 - ``progress_aware`` (issue 7): a call whose key was seen before counts as a duplicate only when
   its result equals the previous result for that key after masking volatile spans
-  (:mod:`proxy.progress`); a new result is progress: the call runs and is not counted (it does not
+  (:mod:`proxy.core.progress`); a new result is progress: the call runs and is not counted (it does not
   enter the duplicate count; it still counts towards the lifetime cap). A call whose result has not
   arrived is judged by the previous pair. So only results identical to one the model already has
   are ever withheld as duplicates. A repeat counts only when nothing between it and the previous
-  call with its key changed the situation (issue 10, :mod:`proxy.effects`): a routine call repeated
+  call with its key changed the situation (issue 10, :mod:`proxy.core.effects`): a routine call repeated
   across a session full of edits (``cp x.orig x`` between fix attempts) is progress, not a loop.
   A result unlike every one of the last :data:`NOVEL_AMONG` different results for the key (a job
   polled with one command whose output moves on) also clears the key's duplicates counted so far:
@@ -32,7 +32,7 @@ Rules:
 - Denied calls do not enter the window and do not count as executed. Every other guarded call is
   executed, *whether or not its result is in the request yet*: verdicts depend only on the sequence
   of calls, so a result arriving on a later request never changes the verdict of any call.
-- A denial becomes a :class:`~proxy.actions.Withhold` of the call's tool result. A denied call whose
+- A denial becomes a :class:`~proxy.core.actions.Withhold` of the call's tool result. A denied call whose
   result has not arrived yet gets no action (there is nothing to replace); it still stays out of
   the window.
 - Evidence: ``count`` is the call's ordinal among the calls the rule compares, denied ones
@@ -47,15 +47,15 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from proxy.actions import Action, Withhold
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
+from proxy.config import CircuitBreakerConfig
+from proxy.core.actions import Action, Withhold
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.patterns import NamePatterns
+from proxy.core.progress import RepeatJudge, same_result
+from proxy.core.transcript import ToolResult, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
-from proxy.ops.config import CircuitBreakerConfig
-from proxy.patterns import NamePatterns
-from proxy.progress import RepeatJudge, same_result
-from proxy.transcript import ToolResult, Transcript
-from proxy.waits import is_wait
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
@@ -123,7 +123,7 @@ class CircuitBreaker:
         for call in unread(s, calls, upto):
             if not self.guarded(call.name):  # unguarded calls are ignored entirely: no situation
                 continue
-            if is_wait(call):  # waiting is not looping (proxy.waits): never counted nor denied,
+            if is_wait(call):  # waiting is not looping (proxy.core.waits): never counted nor denied,
                 if judge is not None and s.epochs is not None:  # but time passed
                     s.epochs.add(call)
                     s.guarded += 1

@@ -2,7 +2,7 @@
 withhold.
 
 Rules:
-- Per turn, each call is reduced to its *identity*: tool name and target (:mod:`proxy.targets`,
+- Per turn, each call is reduced to its *identity*: tool name and target (:mod:`proxy.core.targets`,
   the ``turn_guard.targets`` overrides; a leading ``./`` ignored), or, for a call without a
   target, tool name and canonical arguments. Arguments of targeted calls may differ: an
   edit/write ping-pong on one file with different content is a cycle; the same sequence over
@@ -19,8 +19,8 @@ Rules:
   with new results each round is not going in circles.
 - From ``withhold_at`` (4) repetitions on, every call that continues the cycle has its result
   withheld — with ``progress_aware``, only when every call of the last round (the last *p* calls)
-  got the same result (masked, :mod:`proxy.progress`) as the call one period before it and no call
-  in between changed the situation (:mod:`proxy.effects`: a successful new edit does): a cycle
+  got the same result (masked, :mod:`proxy.core.progress`) as the call one period before it and no call
+  in between changed the situation (:mod:`proxy.core.effects`: a successful new edit does): a cycle
   where something changes (re-reading a file after each edit) is still getting somewhere. A result
   not yet known is judged by the previous pair.
 """
@@ -29,18 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.actions import Action, Delivery, Withhold
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
-from proxy.episodes import EpisodeCounter
+from proxy.config import CyclesConfig
+from proxy.core.actions import Action, Delivery, Withhold
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.progress import same_result
+from proxy.core.targets import TargetRule, path_key, subcommand
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
-from proxy.ops.config import CyclesConfig
-from proxy.progress import same_result
-from proxy.targets import TargetRule, path_key, subcommand
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import is_wait
 
 RULE = "cycles"
 STEP_PREVIEW_CHARS = 120
@@ -142,7 +142,7 @@ class Cycles:
             i = s.index
             s.index += 1
             ids = s.recent
-            # a wait (proxy.waits) is like no other call: time passed, no cycle goes through it
+            # a wait (proxy.core.waits) is like no other call: time passed, no cycle goes through it
             ids.append(("\0wait", str(call.seq)) if is_wait(call) else self.identity(call))
             if len(ids) > cfg.max_period + 1:
                 del ids[0]

@@ -1,14 +1,14 @@
 """echo_loop (issue 7, fixture T3): the same command template re-run with only quoted literals
 changed, while its output just echoes them back — advisory.
 
-Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
+Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.episodes`):
 - A call's *template* is its tool name and canonical arguments with every quoted literal inside
   a string argument (``'…'`` or ``"…"`` on one line) replaced by a placeholder. Its *literals*
   are those quoted texts of at least ``min_literal_chars`` characters.
 - A call *echoes* when its arguments differ from the previous call's but its template is the
   same, at least one of its literals that the previous call did not have appears in its
   result, and its result with its literals removed equals the previous call's result with that
-  call's literals removed (both masked, :mod:`proxy.progress`): the output carries nothing but
+  call's literals removed (both masked, :mod:`proxy.core.progress`): the output carries nothing but
   the changed literal. ``cat "a.py"`` then ``cat "b.py"`` do not echo (file contents are new), nor
   do ``touch "a"``, ``touch "b"`` (nothing echoed), nor a poll with the same arguments.
 - Consecutive echoing calls form a chain (the first call of the template counts as 1); a
@@ -20,17 +20,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.actions import Action, Delivery
-from proxy.canonical import canonical_arguments
-from proxy.effects import Situations
-from proxy.episodes import EpisodeCounter
+from proxy.config import EchoLoopConfig
+from proxy.core.actions import Action, Delivery
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.progress import mask
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
-from proxy.ops.config import EchoLoopConfig
-from proxy.progress import mask
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import is_wait
 
 RULE = "echo_loop"
 PREVIEW_CHARS = 300
@@ -123,7 +123,7 @@ class EchoLoop:
         prev = self.shape(calls[s.prev]) if s.prev is not None else None
         prev_rest: str | _Unset | None = UNSET
         for call in unread(s, calls, upto):
-            if is_wait(call):  # waiting is not looping (proxy.waits): transparent here
+            if is_wait(call):  # waiting is not looping (proxy.core.waits): transparent here
                 continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode: no previous call, the chain starts over

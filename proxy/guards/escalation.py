@@ -1,6 +1,6 @@
 """escalation (issue 10, defect 11; DESIGN §2.2): reminders the model ignores lead somewhere.
 
-Rules, per episode (:mod:`proxy.episodes`: the calls after a new request; a "continue" or a
+Rules, per episode (:mod:`proxy.core.episodes`: the calls after a new request; a "continue" or a
 compaction summary does not start one, because the loop rules whose reminders the ladder counts go
 on counting across them — a user who types "continue" after a stop while the model keeps looping
 sees its next stale call withheld and the one after stopped again; a new request starts from the
@@ -8,17 +8,17 @@ bottom of the ladder):
 - A reminder *about* a call (``Remind.call``; every rule's reminders after a step name the call
   that brought them, reminders about text or time name none) counts for what that call is on:
   its tool (with a multiplexed tool's subcommand) and target
-  (:func:`proxy.targets.call_on`; a call without a target is on its tool). Reminders are counted
+  (:func:`proxy.core.targets.call_on`; a call without a target is on its tool). Reminders are counted
   once per place (two rules reminding after one step are one message to the model), and only the
   ones the model had read before a call (placed before it) count for it.
 - After ``after_reminders`` (2) reminders about one tool and target in the episode, the next call
   to that tool on that target whose result is *nothing new* — equal (masked,
-  :mod:`proxy.progress`) to the result of an earlier call on it in the episode — has its result
+  :mod:`proxy.core.progress`) to the result of an earlier call on it in the episode — has its result
   withheld. A new result is
   progress and passes: the ladder stops only what keeps failing to move. So is a successful
-  edit with a new change (:class:`proxy.effects.EditLedger`), whatever its constant success line
+  edit with a new change (:class:`proxy.core.effects.EditLedger`), whatever its constant success line
   says; and a failure with the same shape as an earlier one on it (an agent's tool that echoes its
-  arguments in its errors, :func:`proxy.agents.failure_shape`) is nothing new. A new result also sets
+  arguments in its errors, :func:`proxy.core.agents.failure_shape`) is nothing new. A new result also sets
   the count back: only reminders placed after the last new result on that target count (a job
   polled with one command, whose output moves on every few polls, gets its "same result"
   reminders between the moves, and is never withheld; found by a new user's Claude Code tryout,
@@ -28,7 +28,7 @@ bottom of the ladder):
   arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher`
   ratio over their first :data:`SIMILAR_CHARS` characters): a drifting repeat, not a new approach
   (a rewritten edit of the same file is a new approach and is not stopped). A cancelled call
-  (:func:`proxy.failures.cancelled`: it never ran) is neither: never withheld, and it neither
+  (:func:`proxy.core.failures.cancelled`: it never ran) is neither: never withheld, and it neither
   adds a result nor counts as progress.
 - This is what ends loops whose arguments drift (a small model's escaping noise, reminder text
   echoed into the arguments), which exact-match rules never see as repeats: the reminders of the
@@ -45,19 +45,19 @@ import bisect
 import difflib
 from collections.abc import Sequence
 
-from proxy import agents
-from proxy.actions import Action, Remind, Withhold
-from proxy.canonical import canonical_arguments
-from proxy.effects import EditLedger, Situations
-from proxy.episodes import EpisodeCounter
-from proxy.failures import cancelled
+from proxy.config import EscalationConfig
+from proxy.core import agents
+from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EditLedger, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.failures import cancelled
+from proxy.core.progress import Masks, same_result
+from proxy.core.targets import TargetRule, call_on
+from proxy.core.transcript import ToolCall, ToolResult, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized
-from proxy.ops.config import EscalationConfig
-from proxy.progress import Masks, same_result
-from proxy.targets import TargetRule, call_on
-from proxy.transcript import ToolCall, ToolResult, Transcript
-from proxy.waits import is_wait
 
 RULE = "escalation"
 #: How alike (difflib ratio) a pending call's arguments must be to the last stale call's.
@@ -141,7 +141,7 @@ class Escalation:
         masks = self._situations.masks
         actions: list[Action] = []
         for call in unread(s, calls, upto):
-            if is_wait(call):  # waiting is not looping (proxy.waits): never withheld
+            if is_wait(call):  # waiting is not looping (proxy.core.waits): never withheld
                 continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder

@@ -8,7 +8,7 @@ do not reset, because harnesses answer a reply they dislike with a user message)
 - **Same text**: an assistant message's text, whitespace-normalized (runs of whitespace → one
   space, trimmed), equal to the text of the previous assistant message, *and nothing new came
   back in between*: both messages are text-only, or both called the same tools (in order; the
-  arguments may differ) and got the same results (masked, :mod:`proxy.progress`). The same
+  arguments may differ) and got the same results (masked, :mod:`proxy.core.progress`). The same
   narration while paging through a file (``scroll_down``, each page new) is progress, not a
   repeat. An assistant message without text breaks the run. When the run reaches ``repeats`` (3)
   messages, a reminder fires.
@@ -34,13 +34,13 @@ import functools
 import re
 from collections.abc import Sequence
 
-from proxy.actions import Action, Delivery, Remind
-from proxy.effects import Situations
+from proxy.config import MonologueConfig
+from proxy.core.actions import Action, Delivery, Remind
+from proxy.core.effects import Situations
+from proxy.core.progress import same_result
+from proxy.core.transcript import Said, Step, Transcript
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.turns import known
-from proxy.ops.config import MonologueConfig
-from proxy.progress import same_result
-from proxy.transcript import Said, Step, Transcript
 
 RULE = "monologue"
 TEXT_PREVIEW_CHARS = 200

@@ -2,7 +2,7 @@
 
 Part of ``guards.turn_guard``'s configuration (``narrate_after_ms``, ``narrate_every_ms``), but a
 rule of its own: it reads time, which the history does not carry. Times come from
-``Context.now_ms`` and the conversation's remembered state (``Context.state``, :mod:`proxy.request.state`):
+``Context.now_ms`` and the conversation's remembered state (``Context.state``, :mod:`proxy.core.state`):
 when the proxy first saw the current turn, when it first saw each assistant text of the turn,
 and where it already injected narration reminders. The guard only reads; the server commits
 new marks after the request (:func:`marks`).
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proxy.actions import Action, Remind
-from proxy.ops.config import TurnGuardConfig
-from proxy.request.state import NarrationMark, turn_start
-from proxy.transcript import Transcript
+from proxy.config import TurnGuardConfig
+from proxy.core.actions import Action, Remind
+from proxy.core.state import NarrationMark, turn_start
+from proxy.core.transcript import Transcript
 
 RULE = "narration"
 
@@ -125,7 +125,7 @@ class Narration:
 
 def marks(actions: Iterable[Action], transcript: Transcript, now_ms: int) -> list[NarrationMark]:
     """The fresh narration reminders among ``actions`` as marks to remember (for the server to
-    commit with :func:`proxy.request.state.observe`)."""
+    commit with :func:`proxy.core.state.observe`)."""
     ends = _ends(transcript)
     return [
         NarrationMark(a.after, ends[a.after][0], now_ms, a.count * 1000)

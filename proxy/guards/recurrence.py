@@ -4,8 +4,8 @@ Rules:
 - Per turn (calls after a user message), calls are keyed by tool and canonical arguments
   (DESIGN §5, ``ignore_args`` dropped). With ``progress_aware`` a call counts as a *recurrence*
   of its key only when its result equals the previous identical call's result after masking
-  volatile spans (:mod:`proxy.progress`) and nothing between them changed the situation
-  (:mod:`proxy.effects`: an edit, a ``cp``, a script run); a new result or a change in between
+  volatile spans (:mod:`proxy.core.progress`) and nothing between them changed the situation
+  (:mod:`proxy.core.effects`: an edit, a ``cp``, a script run); a new result or a change in between
   restarts the key's count (polling a job whose status changes, re-reading a file after editing
   it). Without it, every identical call counts.
 - A reminder fires after the step of the call that makes ``occurrences`` (3) counted calls of
@@ -17,17 +17,17 @@ Rules:
 
 from __future__ import annotations
 
-from proxy.actions import Action, Delivery
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
-from proxy.episodes import EpisodeCounter
+from proxy.config import RecurrenceConfig
+from proxy.core.actions import Action, Delivery
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.progress import RepeatJudge
+from proxy.core.transcript import Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import remind_after_step
-from proxy.ops.config import RecurrenceConfig
-from proxy.progress import RepeatJudge
-from proxy.transcript import Transcript
-from proxy.waits import is_wait
 
 RULE = "recurrence"
 PREVIEW_CHARS = 300
@@ -84,7 +84,7 @@ class Recurrence:
         for call in unread(s, calls, upto):
             if s.epochs is not None:
                 s.epochs.add(call)
-            if is_wait(call):  # waiting is not looping (proxy.waits)
+            if is_wait(call):  # waiting is not looping (proxy.core.waits)
                 continue
             # the turn (progress-aware: the episode, a continuation does not split it)
             group = call.turn if s.episodes is None else s.episodes.of(transcript, call.position)
@@ -122,7 +122,7 @@ class RecurrenceState:
     """What :class:`Recurrence` has read: the next call (``next``, a ``seq``), the open turn
     (``group``: its turn or, progress-aware, episode number; ``index``: calls of it read;
     ``hits``: per key, the turn indexes of its counted calls still in the window; ``judge``: its
-    :class:`~proxy.progress.RepeatJudge`) and, progress-aware, the situation counter of every call
+    :class:`~proxy.core.progress.RepeatJudge`) and, progress-aware, the situation counter of every call
     read and the episode counter. Mutable; :meth:`copy` is independent."""
 
     __slots__ = ("episodes", "epochs", "group", "hits", "index", "judge", "next")

@@ -7,12 +7,12 @@ Rules:
   ``exclude`` removes. Untracked calls are transparent (neither count nor reset the chain).
 - The chain counts consecutive tracked calls with the same canonical key (DESIGN §5, with
   ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it — with
-  ``progress_aware``, only a new request does (issue 10, :mod:`proxy.episodes`: the same call
+  ``progress_aware``, only a new request does (issue 10, :mod:`proxy.core.episodes`: the same call
   with the same result after "continue" or a compaction summary goes on with the chain).
 - ``progress_aware`` (issue 7): a call with the same key continues the chain only when its result
-  equals the previous call's after masking volatile spans (:mod:`proxy.progress`); a new result is
+  equals the previous call's after masking volatile spans (:mod:`proxy.core.progress`); a new result is
   progress and restarts the chain at 1, and so does a call after another (untracked) call that
-  changed the situation (:mod:`proxy.effects`). A call whose result has not arrived is judged by
+  changed the situation (:mod:`proxy.core.effects`). A call whose result has not arrived is judged by
   the previous pair.
   Parallel calls in one step count in listed order.
 - A reminder fires when the count *equals* a threshold. The lowest threshold gives a short generic
@@ -24,16 +24,16 @@ Rules:
 
 from __future__ import annotations
 
-from proxy.actions import Action, Remind
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
-from proxy.episodes import EpisodeCounter
+from proxy.config import RepeatReminderConfig
+from proxy.core.actions import Action, Remind
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.patterns import NamePatterns
+from proxy.core.progress import RepeatJudge
+from proxy.core.transcript import Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
-from proxy.ops.config import RepeatReminderConfig
-from proxy.patterns import NamePatterns
-from proxy.progress import RepeatJudge
-from proxy.transcript import Transcript
-from proxy.waits import is_wait
 
 RULE = "repeat_reminder"
 
@@ -103,7 +103,7 @@ class RepeatReminder:
         for call in unread(s, calls, upto):
             if not self.tracked(call.name):  # untracked: transparent, they change no situation either
                 continue
-            if is_wait(call):  # waiting is not looping (proxy.waits): transparent to the chain,
+            if is_wait(call):  # waiting is not looping (proxy.core.waits): transparent to the chain,
                 if s.judge is not None and s.epochs is not None:  # but time passed
                     s.epochs.add(call)
                     s.index += 1

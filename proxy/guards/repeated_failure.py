@@ -1,9 +1,9 @@
 """repeated_failure (R4, issue 7): failing the same way again — advisory.
 
 Rules, per turn (calls after a user message):
-- **Failing on one target**: a tool on one target (:mod:`proxy.targets`; a call without a target
+- **Failing on one target**: a tool on one target (:mod:`proxy.core.targets`; a call without a target
   is on the tool itself) whose last ``failures`` (3) calls in the turn all failed
-  (:mod:`proxy.failures`, the ``turn_guard.failure_patterns``); the arguments may differ (a
+  (:mod:`proxy.core.failures`, the ``turn_guard.failure_patterns``); the arguments may differ (a
   truncated edit retried with a different tail). A success of that tool on that target resets
   the run; calls on other targets in between do not. The reminder fires once, when the run
   reaches ``failures``, and quotes the error's first line: the first line at the result's edges
@@ -12,13 +12,13 @@ Rules, per turn (calls after a user message):
 - **Re-issuing a failed call** (``reissue``): a call identical (tool and canonical arguments,
   ``ignore_args`` dropped) to the previous such call in the turn, whose result failed or was a
   user rejection (``rejection_patterns``, searched in the result's edges), that got the same
-  result again (masked, :mod:`proxy.progress`) with nothing in between that changed the
-  situation (:mod:`proxy.effects`) → a reminder at the first such occurrence (not again while
+  result again (masked, :mod:`proxy.core.progress`) with nothing in between that changed the
+  situation (:mod:`proxy.core.effects`) → a reminder at the first such occurrence (not again while
   the failures of that exact call go on; ``count`` is the call's number in that run).
   Re-running a failed command after an edit is exactly what an agent should do: it is never
   reminded (issue 10, defect 1), and the text only claims what held: same arguments, nothing
   changed, the same result.
-- A multiplexed tool's subcommand is part of what a call is on (:func:`proxy.targets.subcommand`):
+- A multiplexed tool's subcommand is part of what a call is on (:func:`proxy.core.targets.subcommand`):
   a successful ``str_replace_editor view`` of a file does not reset the failures of the
   ``str_replace`` edits on it (issue 10, defect 6).
 - One reminder per call (the re-issue text wins), after the call's step.
@@ -28,18 +28,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.actions import Action, Delivery
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
-from proxy.episodes import EpisodeCounter
-from proxy.failures import DEFAULT_FAILURE_PATTERNS, FailureRule, RejectionRule, compile_pattern, edge_text
+from proxy.config import RepeatedFailureConfig
+from proxy.core.actions import Action, Delivery
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.failures import (
+    DEFAULT_FAILURE_PATTERNS,
+    FailureRule,
+    RejectionRule,
+    compile_pattern,
+    edge_text,
+)
+from proxy.core.progress import RepeatJudge
+from proxy.core.targets import TargetRule, call_on
+from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import memoized, remind_after_step
-from proxy.ops.config import RepeatedFailureConfig
-from proxy.progress import RepeatJudge
-from proxy.targets import TargetRule, call_on
-from proxy.transcript import ToolCall, ToolResult, Transcript
 
 RULE = "repeated_failure"
 ARGUMENTS_PREVIEW_CHARS = 300

@@ -39,8 +39,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.actions import Action
-from proxy.transcript import ToolCall, Transcript
+from proxy.core.actions import Action
+from proxy.core.transcript import ToolCall, Transcript
 
 if TYPE_CHECKING:
     from proxy.guards import Context, Guard

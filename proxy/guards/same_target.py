@@ -5,19 +5,19 @@ Exact repeats are ``repeat_reminder``'s; this rule sees the loops whose argument
 model's HTML-escaping noise, reminder text echoed into an argument, a flag toggled back and
 forth), which no exact-match rule sees as repeats.
 
-Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
+Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.episodes`):
 - What a call is on: its tool (with a multiplexed tool's subcommand) and target
-  (:func:`proxy.targets.call_on`). Calls without a target are not looked at: a tool whose every
+  (:func:`proxy.core.targets.call_on`). Calls without a target are not looked at: a tool whose every
   answer is the same acknowledgement (a ``think`` tool's "Your thought has been logged.", a todo
   list's "Todos updated") is not looping when its arguments change.
 - A run is consecutive calls on one tool and target where each call got the same result as the
-  one before (masked, :mod:`proxy.progress`), or the same failure (the same failure shape of an
-  agent's tool, :func:`proxy.agents.failure_shape`: a Claude Code edit whose old text is missing
+  one before (masked, :mod:`proxy.core.progress`), or the same failure (the same failure shape of an
+  agent's tool, :func:`proxy.core.agents.failure_shape`: a Claude Code edit whose old text is missing
   echoes that text, so every error differs), and nothing in between changed the situation
-  (:mod:`proxy.effects`). A call on anything else, a new result, or a change ends it. A
-  cancelled call (:func:`proxy.failures.cancelled`: it never ran, its sibling failed) neither
+  (:mod:`proxy.core.effects`). A call on anything else, a new result, or a change ends it. A
+  cancelled call (:func:`proxy.core.failures.cancelled`: it never ran, its sibling failed) neither
   goes on nor ends a run: nine edits cancelled together are not nine edits with one result.
-- A successful edit with a new change (:class:`proxy.effects.EditLedger`: not the same edit again,
+- A successful edit with a new change (:class:`proxy.core.effects.EditLedger`: not the same edit again,
   not one undoing an earlier edit) is progress, even when its result is a constant success line
   ("The file … has been updated successfully."): it starts a new run, at 1.
 - A reminder fires when the run's length equals one of ``thresholds`` (3, 5, 8) and the run is
@@ -36,20 +36,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy import agents
-from proxy.actions import Action, Delivery
-from proxy.canonical import canonical_arguments
-from proxy.effects import EditLedger, EpochCounter, Situations
-from proxy.episodes import EpisodeCounter
-from proxy.failures import cancelled
+from proxy.config import SameTargetConfig
+from proxy.core import agents
+from proxy.core.actions import Action, Delivery
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EditLedger, EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.failures import cancelled
+from proxy.core.progress import same_result
+from proxy.core.targets import TargetRule, call_on
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, memoized, remind_after_step
-from proxy.ops.config import SameTargetConfig
-from proxy.progress import same_result
-from proxy.targets import TargetRule, call_on
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import is_wait
 
 RULE = "same_target"
 PREVIEW_CHARS = 300
@@ -119,7 +119,7 @@ class SameTarget:
         s = state
         for call in unread(s, calls, upto):
             s.epochs.add(call)
-            if is_wait(call):  # waiting is not looping (proxy.waits); it changed the situation
+            if is_wait(call):  # waiting is not looping (proxy.core.waits); it changed the situation
                 continue
             turn = s.episodes.of(transcript, call.position)
             if turn != s.turn:  # a new episode: no run goes on across it

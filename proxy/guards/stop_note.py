@@ -4,7 +4,7 @@ loopguard ends a looping turn by answering with its stop text and no tool call
 (:class:`proxy.response.decide.StopJudge`). A chat client shows that text and waits for the
 user; a harness that wants a tool call in every answer (mini-swe-agent, smolagents, SWE-agent)
 drops the answer instead and replies "Tool call error: no tool calls found" as a user message
-(:mod:`proxy.harness_replies`), so the model never reads why. The stop holds through such replies
+(:mod:`proxy.core.harness_replies`), so the model never reads why. The stop holds through such replies
 (they start no turn), and this rule puts the reason where the model reads it: appended to the
 harness's reply, the one message of that exchange the harness keeps in its history.
 
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import bisect
 
-from proxy.actions import Action, Remind, Withhold
+from proxy.config import Config
+from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.harness_replies import is_harness_reply
+from proxy.core.transcript import Transcript
 from proxy.guards.escalation import RULE as ESCALATION
-from proxy.harness_replies import is_harness_reply
-from proxy.ops.config import Config
-from proxy.transcript import Transcript
 
 RULE = "stop_note"
 

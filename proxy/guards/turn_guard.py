@@ -11,23 +11,23 @@ Rules:
   calls of one step in listed order; every call counts, tripped ones included (the agent ran them).
 - A call *trips* when, counting it,
   - ``same_call``: it is at least the ``max_same_call``-th call in the turn with its canonical key
-    (DESIGN §5; the free-text fields of :data:`~proxy.ops.config.DEFAULT_IGNORE_ARGS` dropped);
+    (DESIGN §5; the free-text fields of :data:`~proxy.config.DEFAULT_IGNORE_ARGS` dropped);
     repeats need not be consecutive. With ``progress_aware`` (issue 7) a call counts only when its
     result equals the previous result of that call in the turn after masking volatile spans
-    (:mod:`proxy.progress`; a result not arrived yet is judged by the previous pair): polling a job
+    (:mod:`proxy.core.progress`; a result not arrived yet is judged by the previous pair): polling a job
     whose status changes is progress, not a repeat;
   - ``same_target``: it is at least the ``max_same_target``-th call in the turn on one target
-    (:mod:`proxy.targets`; tools and arguments may differ). A command target also counts as a call
+    (:mod:`proxy.core.targets`; tools and arguments may differ). A command target also counts as a call
     on each of its words that is a plain (path, URL) target of this turn: ``bash {"command":
     "python fix.py"}`` is a call on ``fix.py`` once ``write_file {"path": "fix.py"}`` is in the
     turn, or comes later in it. A leading ``./`` is ignored (``./fix.py`` is ``fix.py``);
   - ``failures``: at least ``max_failures`` results in a row, across any tools, were failures
-    (:mod:`proxy.failures`) among the calls of *earlier steps* of the turn (the results the model
+    (:mod:`proxy.core.failures`) among the calls of *earlier steps* of the turn (the results the model
     had seen when it made the call). A success resets the run; a missing result neither counts nor
     resets. Results count as the tools returned them, withheld or not;
   - ``turn_calls``: it is call number ``max_calls_per_turn`` + 1 or later in the turn.
   A limit of 0 is off. When several limits trip at once, the first in this order is reported.
-- A trip is a :class:`~proxy.actions.Withhold` of the call's result (none while the result has
+- A trip is a :class:`~proxy.core.actions.Withhold` of the call's result (none while the result has
   not arrived), ``reason`` = the kind above, ``count``/``limit`` the evidence. The first trip of a
   turn gets :data:`TRIP_TEXT`, telling the model to stop calling tools and answer the user (what
   it tried, where it is stuck, what the user must decide) and naming the limit. With
@@ -44,17 +44,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Withhold
-from proxy.canonical import canonical_arguments
-from proxy.effects import EpochCounter, Situations
-from proxy.failures import FailureRule
+from proxy.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
+from proxy.core.actions import Action, Withhold
+from proxy.core.canonical import canonical_arguments
+from proxy.core.effects import EpochCounter, Situations
+from proxy.core.failures import FailureRule
+from proxy.core.progress import RepeatJudge
+from proxy.core.targets import TargetRule, path_key
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
-from proxy.ops.config import DEFAULT_IGNORE_ARGS, TurnGuardConfig
-from proxy.progress import RepeatJudge
-from proxy.targets import TargetRule, path_key
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import is_wait
 
 RULE = "turn_guard"
 SAME_CALL = "same_call"
@@ -260,7 +260,7 @@ class TurnGuard:
     def _read(self, t: TurnState, call: ToolCall) -> Trip | None:
         """Count ``call``, the next of ``t``'s turn; its trip, if it trips (kept in ``t``)."""
         cfg = self._cfg
-        if is_wait(call):  # waiting is not looping (proxy.waits): not counted, never tripped
+        if is_wait(call):  # waiting is not looping (proxy.core.waits): not counted, never tripped
             if t.epochs is not None:  # but time passed
                 t.epochs.add(call)
             return None

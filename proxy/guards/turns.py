@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from proxy.actions import Delivery, Remind
-from proxy.transcript import ToolCall, ToolResult, Transcript
+from proxy.core.actions import Delivery, Remind
+from proxy.core.transcript import ToolCall, ToolResult, Transcript
 
 
 def turns(calls: Sequence[ToolCall], episode: Sequence[int] | None = None) -> Iterator[Sequence[ToolCall]]:
     """The calls of each turn (the run after a user message), in order; empty turns skipped.
-    With ``episode`` (:func:`proxy.episodes.episodes`, by call ``seq``) the runs are episodes: a
+    With ``episode`` (:func:`proxy.core.episodes.episodes`, by call ``seq``) the runs are episodes: a
     continuation user message ("continue", a compaction summary) does not split them."""
 
     def group(call: ToolCall) -> int:

@@ -2,19 +2,19 @@
 (DESIGN §2.2: waiting on a running process is not looping; time, not the count of polls, bounds
 a wait).
 
-What a wait is, how long a call waited and whether a poll brought output: :mod:`proxy.waits`.
-The other rules leave waits alone (a wait changes the situation, :mod:`proxy.effects`, and is
+What a wait is, how long a call waited and whether a poll brought output: :mod:`proxy.core.waits`.
+The other rules leave waits alone (a wait changes the situation, :mod:`proxy.core.effects`, and is
 transparent to their counts); this rule is the only one that looks at them.
 
-Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`):
-- **A process wait** is on one process (:func:`proxy.waits.poll_of`, :func:`proxy.waits.started`):
+Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.episodes`):
+- **A process wait** is on one process (:func:`proxy.core.waits.poll_of`, :func:`proxy.core.waits.started`):
   from the call whose result says it left the process running, through every poll whose result
-  says it is still running. Its *quiet time* is the sum of :func:`proxy.waits.waited_ms` of those
+  says it is still running. Its *quiet time* is the sum of :func:`proxy.core.waits.waited_ms` of those
   calls since the last one whose result brought output (new output is the process moving on: the
   quiet time starts again after it). A poll whose result says the process exited (or anything
   but running) ends the wait.
 - **A sleep wait** is the run of sleep calls (``sleep 60 && echo …``) with nothing in between
-  that may change state (:class:`proxy.effects.EffectRule`; read-only status checks between
+  that may change state (:class:`proxy.core.effects.EffectRule`; read-only status checks between
   the sleeps do not end it); its quiet time is the sum of the sleeps.
 - A reminder goes after the step of the call whose quiet time reaches ``remind_after_ms``, and
   again each time it reaches twice the previous mark (30 min, 1 h, 2 h, …, at the default): a
@@ -29,15 +29,15 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.episodes`
 
 from __future__ import annotations
 
-from proxy.actions import Action, Delivery, Remind
-from proxy.effects import Situations
-from proxy.episodes import EpisodeCounter
+from proxy.config import WaitingConfig
+from proxy.core.actions import Action, Delivery, Remind
+from proxy.core.effects import Situations
+from proxy.core.episodes import EpisodeCounter
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import POLLS, has_output, is_wait, poll_of, says_running, sleep_ms, started, waited_ms
 from proxy.guards.narration import duration
 from proxy.guards.resume import unread
 from proxy.guards.turns import known, remind_after_step
-from proxy.ops.config import WaitingConfig
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import POLLS, has_output, is_wait, poll_of, says_running, sleep_ms, started, waited_ms
 
 RULE = "waiting"
 
@@ -58,7 +58,7 @@ SLEEP_TEXT = (
 
 
 def subject(key: str) -> str:
-    """How a reminder names the process of a wait key (:func:`proxy.waits.poll_of`)."""
+    """How a reminder names the process of a wait key (:func:`proxy.core.waits.poll_of`)."""
     kind, _, pid = key.partition(":")
     return f"process {pid}" if kind == "session" else f"background task {pid}"
 

@@ -1,6 +1,6 @@
 """The server's per-conversation memory around the request-side decision (DESIGN §1.2, issue 4).
 
-The glue between :mod:`proxy.request.state` (the bounded store) and the guards that need it, kept out of
+The glue between :mod:`proxy.core.state` (the bounded store) and the guards that need it, kept out of
 the server's request handler:
 
 - before the guards run, :meth:`Memory.state_for` gives ``decide_request`` a read-only lookup of
@@ -21,12 +21,12 @@ from typing import Any
 
 import orjson
 
+from proxy.core.clock import iso_utc
+from proxy.core.state import ConversationState, StateStore, observe
 from proxy.guards import Guard
 from proxy.guards.narration import marks
 from proxy.guards.turn_guard import LIMIT_KEYS, TurnGuard
-from proxy.ops.incidents import iso_utc
 from proxy.request.rewrite import RequestDecision
-from proxy.request.state import ConversationState, StateStore, observe
 
 
 def wall_clock_ms() -> int:

@@ -62,11 +62,11 @@ from typing import Any
 
 import orjson
 
-from proxy.actions import Action
+from proxy.core.actions import Action
+from proxy.core.transcript import Transcript
 from proxy.dialects import Dialect, jsonbody, text_calls
 from proxy.guards.resume import cut
 from proxy.request.conversation import fingerprint_items
-from proxy.transcript import Transcript
 
 Span = tuple[int, int]
 #: Bytes an entry counts per tool call of its history (the parse state's call record, its decoded

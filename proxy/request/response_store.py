@@ -49,7 +49,7 @@ response id seen in an upstream answer, an :class:`Entry`:
   is held (an id the agent chooses may be megabytes long): the keys and the lost ids are
   fixed-size digests, the same on every replica.
 
-Bounds (:class:`proxy.ops.config.ResponsesStoreConfig`), the least recently used entry dropped
+Bounds (:class:`proxy.config.ResponsesStoreConfig`), the least recently used entry dropped
 first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the
 entries of one chain share their byte strings, which count once: a chain of 100 responses over
 a 1 MB history holds about 1 MB; an entry whose chain alone is larger than the budget is not
@@ -69,8 +69,8 @@ from typing import Any
 
 import orjson
 
+from proxy.config import ResponsesStoreConfig
 from proxy.dialects import jsonbody
-from proxy.ops.config import ResponsesStoreConfig
 
 #: ``RequestDecision.unguarded`` for a ``previous_response_id`` loopguard does not hold.
 UNKNOWN_PREVIOUS = "unknown_previous_response"

@@ -14,7 +14,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Remind, Withhold, applied, mark_observed
+from proxy.core.actions import Action, Remind, Withhold, applied, mark_observed
+from proxy.core.state import ConversationState
+from proxy.core.transcript import Transcript
 from proxy.dialects import Dialect, anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard
@@ -23,8 +25,6 @@ from proxy.request import prefix_cache
 from proxy.request.conversation import conversation_key
 from proxy.request.prefix_cache import PrefixCache
 from proxy.request.response_store import UNKNOWN_PREVIOUS, Chain, Entry, chain_of
-from proxy.request.state import ConversationState
-from proxy.transcript import Transcript
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class RequestDecision:
     ``actions``: every action derived (fresh and re-derived). ``conversation``: DESIGN §4 key
     (``""`` when the body was not readable). ``model``/``stream``: from the body, for the log.
     ``transcript``: what the guards read (None when the body was not readable), for the server to
-    remember what it saw (:mod:`proxy.request.state`). ``unguarded``: why the guards could not read the
+    remember what it saw (:mod:`proxy.core.state`). ``unguarded``: why the guards could not read the
     body (``not_json``, ``nesting``: :class:`proxy.dialects.jsonbody.Unreadable`; :data:`NOT_CHAT`), else
     None."""
 
@@ -91,7 +91,7 @@ def decide_request(
     same with or without it.
 
     ``observed``: the rule names in observe mode (issue 16,
-    :meth:`proxy.ops.config.Config.observed_rules`): their actions are in ``actions`` marked
+    :meth:`proxy.config.Config.observed_rules`): their actions are in ``actions`` marked
     ``observed`` and are not applied; with every rule observed the body is ``raw`` itself.
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.

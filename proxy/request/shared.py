@@ -1,13 +1,13 @@
 """State shared by several replicas (issue 16): the backend interface and the wire forms.
 
-One loopguard process keeps its per-conversation state in memory (:mod:`proxy.request.state`,
-:mod:`proxy.request.response_store`, :mod:`proxy.ops.incidents`, :mod:`proxy.ops.observe`). Several
+One loopguard process keeps its per-conversation state in memory (:mod:`proxy.core.state`,
+:mod:`proxy.request.response_store`, :mod:`proxy.edge.incidents`, :mod:`proxy.edge.observe`). Several
 replicas behind a load balancer share it through a :class:`Backend` (``state.backend``):
 
 - :class:`InMemoryBackend` (``memory``, the default) shares nothing: every call returns at once
   and the local stores are the whole state, exactly as before there were backends.
 - ``redis://…`` (:class:`proxy.edge.shared_state.RedisBackend`) keeps a copy of each
-  conversation's :class:`~proxy.request.state.ConversationState`, each kept Responses
+  conversation's :class:`~proxy.core.state.ConversationState`, each kept Responses
   :class:`~proxy.request.response_store.Entry`, one claim per incident, and each replica's counters.
 
 The decisions stay pure (:func:`proxy.request.rewrite.decide_request` is synchronous and never
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.core.state import ConversationState, NarrationMark
 from proxy.request.response_store import Entry
-from proxy.request.state import ConversationState, NarrationMark
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Backend(Protocol):
         ...
 
     async def save_state(self, key: str, state: ConversationState) -> None:
-        """Replace conversation ``key``'s state (it expires :data:`proxy.request.state.TTL_MS`
+        """Replace conversation ``key``'s state (it expires :data:`proxy.core.state.TTL_MS`
         after its ``seen_ms``)."""
         ...
 
@@ -67,7 +67,7 @@ class Backend(Protocol):
         ...
 
     async def publish_stats(self, replica: str, counters: Mapping[str, Any]) -> None:
-        """Publish this replica's counters (:func:`proxy.ops.observe.Stats.counters`)."""
+        """Publish this replica's counters (:func:`proxy.edge.observe.Stats.counters`)."""
         ...
 
     async def replica_stats(self) -> dict[str, Mapping[str, Any]]:

@@ -6,13 +6,13 @@ A stream guard (:mod:`proxy.response.stream_guard` for chat completions, one per
 :class:`AnswerState` what they said, in three neutral messages:
 
 - :meth:`AnswerState.text`: a text delta (``reasoning`` or the answer's content); returns the
-  degenerate-text :class:`~proxy.actions.Cut` the moment the text degenerates (:mod:`degenerate`);
+  degenerate-text :class:`~proxy.core.actions.Cut` the moment the text degenerates (:mod:`degenerate`);
 - :meth:`AnswerState.runaway`: the calls so far (:class:`~proxy.response.assemble.AssembledCall`, in
   order) and how many of them are complete; returns the runaway cut the moment a call goes past
   ``response.max_calls_per_response`` or ``max_identical_per_response`` (calls that may change
   state only, :func:`~proxy.response.decide.runaway_cut`);
 - :meth:`AnswerState.decide`: the answer's calls are all in (its finish); returns the calls kept, the
-  runaway cut and the :class:`~proxy.actions.Stop` of the stop judge.
+  runaway cut and the :class:`~proxy.core.actions.Stop` of the stop judge.
 
 What the guard then holds, drops and writes is its dialect's own (the encoders). No I/O here.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.actions import Cut, Stop
-from proxy.ops.config import Config
+from proxy.config import Config
+from proxy.core.actions import Cut, Stop
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, effects_of, runaway_cut
 from proxy.response.degenerate import RepetitionDetector

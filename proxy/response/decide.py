@@ -5,7 +5,7 @@
   are asked whether they would withhold any of them (the same guards, resumed from the request's
   checkpoint when there is one, :func:`proxy.guards.resume.evaluate_from`, so only the request's
   last step and the answer's are read; no guard logic duplicated here; a placeholder is never
-  compared: progress-aware rules judge a pending call by the previous pair, :mod:`proxy.progress`).
+  compared: progress-aware rules judge a pending call by the previous pair, :mod:`proxy.core.progress`).
   The turn is stopped when
   - a call would be denied and the current turn (after the last user message) already has
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
@@ -23,7 +23,7 @@
   cost nothing.
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
-  ignored) that may change state (:meth:`proxy.effects.EffectRule.may_change`, the config's
+  ignored) that may change state (:meth:`proxy.core.effects.EffectRule.may_change`, the config's
   ``progress`` effects) beyond ``max_identical_per_response``; that call and everything after it
   are dropped. A read-only call repeated in one answer changes nothing and costs the agent one
   more read, while a cut drops every call after it (DESIGN §2.2), so identical reads are bounded
@@ -49,11 +49,14 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from proxy.actions import Action, Cut, Remind, Stop, Withhold
-from proxy.canonical import canonical_arguments, parse_arguments
+from proxy.config import Config, ProgressConfig, ResponseConfig, StopConfig
+from proxy.core.actions import Action, Cut, Remind, Stop, Withhold
+from proxy.core.canonical import canonical_arguments, parse_arguments
+from proxy.core.effects import EffectRule
+from proxy.core.harness_replies import is_harness_reply
+from proxy.core.transcript import Step, ToolCall, ToolResult, Transcript
 from proxy.dialects import jsonbody, text_actions
 from proxy.dialects.openai_chat import content_text
-from proxy.effects import EffectRule
 from proxy.guards import Context, Guard
 from proxy.guards.circuit_breaker import CAP
 from proxy.guards.circuit_breaker import RULE as BREAKER
@@ -61,12 +64,9 @@ from proxy.guards.escalation import RULE as ESCALATION_RULE
 from proxy.guards.escalation import Escalation
 from proxy.guards.monologue import Monologue
 from proxy.guards.resume import Checkpoint, evaluate_from
-from proxy.harness_replies import is_harness_reply
-from proxy.ops.config import Config, ProgressConfig, ResponseConfig, StopConfig
 from proxy.response.assemble import AssembledCall
 from proxy.response.degenerate import RepetitionDetector
 from proxy.response.repair import CUT_SHORT, Repairer
-from proxy.transcript import Step, ToolCall, ToolResult, Transcript
 
 STOP_RULE = "stop"
 RUNAWAY_RULE = "runaway"
@@ -151,7 +151,7 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
 
 def turn_start(transcript: Transcript) -> int:
     """Position of the user message that starts the stop ladder's current turn (-1: none): the
-    last one that is not a harness's format-error reply (:mod:`proxy.harness_replies`). A harness
+    last one that is not a harness's format-error reply (:mod:`proxy.core.harness_replies`). A harness
     that answers a stop with "Tool call error: no tool calls found" asks the model again; the stop
     must hold through that, while anything a person says starts afresh."""
     said = transcript.said

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.ops.config import DegenerateTextConfig
+from proxy.config import DegenerateTextConfig
 
 #: New characters between two checks (repetition that has started stays until it is seen).
 CHECK_EVERY = 16

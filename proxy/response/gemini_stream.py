@@ -54,9 +54,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.actions import Action, Cut
+from proxy.config import Config
+from proxy.core.actions import Action, Cut
 from proxy.dialects import jsonbody
-from proxy.ops.config import Config
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent

@@ -35,11 +35,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.actions import Repair
+from proxy.config import Config
+from proxy.core.actions import Repair
+from proxy.core.transcript import Transcript
 from proxy.dialects.text_calls import Found, find_calls
-from proxy.ops.config import Config
 from proxy.response.assemble import AssembledCall
-from proxy.transcript import Transcript
 
 RULE = "repair_text_tool_calls"
 #: Upstream ``finish_reason`` values of an answer that was cut short: never repaired.

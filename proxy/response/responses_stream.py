@@ -46,9 +46,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.actions import Action, Cut, Stop
+from proxy.config import Config
+from proxy.core.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
-from proxy.ops.config import Config
 from proxy.request.response_store import Answer, answer_of
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut

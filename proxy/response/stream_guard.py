@@ -43,10 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.actions import Action, Cut, Stop
+from proxy.config import Config
+from proxy.core.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
 from proxy.dialects.text_calls import OPEN_TAGS, Found
-from proxy.ops.config import Config
 from proxy.response.answer import AnswerState
 from proxy.response.assemble import AssembledCall, CallAssembler
 from proxy.response.decide import (

@@ -4,7 +4,7 @@ An agent harness that finds no usable action in the model's answer (loopguard's 
 text, no tool call) does not end the run: it answers with a user message of its own that says
 the answer was malformed, and asks the model again. That message is not a new request from a
 person; the stop ladder (:class:`proxy.response.decide.StopJudge`) and the episodes
-(:mod:`proxy.episodes`) go on through it, so a stop holds until the harness gives up (mini-swe-agent
+(:mod:`proxy.core.episodes`) go on through it, so a stop holds until the harness gives up (mini-swe-agent
 exits after three such replies in a row), while a person's message, whatever it says, still
 starts a new turn.
 

@@ -1,8 +1,8 @@
 """Derived facts of each tool call (DESIGN §6.5): its target and whether its result failed.
 
-:class:`~proxy.transcript.ToolCall` stays the dialect's plain record; rules that compare calls by
+:class:`~proxy.core.transcript.ToolCall` stays the dialect's plain record; rules that compare calls by
 target or count failures derive these facts with :func:`annotate`, using the configured
-:class:`~proxy.targets.TargetRule` and :class:`~proxy.failures.FailureRule`. Pure.
+:class:`~proxy.core.targets.TargetRule` and :class:`~proxy.core.failures.FailureRule`. Pure.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.failures import FailureRule
-from proxy.targets import Target, TargetRule
-from proxy.transcript import ToolCall
+from proxy.core.failures import FailureRule
+from proxy.core.targets import Target, TargetRule
+from proxy.core.transcript import ToolCall
 
 
 @dataclass(frozen=True, slots=True)

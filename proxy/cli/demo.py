@@ -20,9 +20,9 @@ import orjson
 import structlog
 from aiohttp import web
 
+from proxy.config import Config, ListenConfig
+from proxy.edge.observe import configure_logging
 from proxy.edge.server import start
-from proxy.ops.config import Config, ListenConfig
-from proxy.ops.observe import configure_logging
 
 TOOL_RESULT = "port: 8080\nlog_level: debug\ndatabase_url: postgres://db:5432/app\n"
 ARGS = '{"path": "config.yaml"}'

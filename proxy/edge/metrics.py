@@ -1,6 +1,6 @@
 """Prometheus metrics for ``GET /loop-guard/metrics`` (DESIGN §7), via prometheus-client.
 
-The counters are read from :class:`proxy.ops.observe.Stats` at scrape time (one source of truth, no
+The counters are read from :class:`proxy.edge.observe.Stats` at scrape time (one source of truth, no
 double bookkeeping); only the added-latency histogram is observed per request. Each app has its own
 registry, so several proxies in one process (tests) never share series.
 
@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.ops.observe import Stats
+from proxy.edge.observe import Stats
 from proxy.request.prefix_cache import PrefixCache
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -3,10 +3,10 @@
 The offered tool set says which agent is talking; :data:`AGENTS` maps each one's tools to a
 :data:`Kind` (what a call does), the arguments that say what an edit changes, and the shapes of
 its successful and failing results. Guards read it through :func:`tool` / :func:`kind_of`
-(:mod:`proxy.effects`: what may change state and which edits are progress) and
-:func:`failure_shape` (:mod:`proxy.failures`, ``same_target``, ``escalation``: which failures are
+(:mod:`proxy.core.effects`: what may change state and which edits are progress) and
+:func:`failure_shape` (:mod:`proxy.core.failures`, ``same_target``, ``escalation``: which failures are
 the same failure). A tool the table does not name keeps the generic reading (the name-word
-heuristics of :mod:`proxy.effects`).
+heuristics of :mod:`proxy.core.effects`).
 
 Kinds:
 
@@ -15,10 +15,10 @@ Kinds:
 - ``mutate``: changes a file (``Edit``, ``Write``, ``apply_patch``, ``replace``); a successful
   mutation with new arguments is progress even when its result is a constant success line;
 - ``execute``: runs a command (``Bash``, ``exec_command``, ``run_shell_command``): what it may
-  change is the command's business (:func:`proxy.effects.shell_read_only`);
+  change is the command's business (:func:`proxy.core.effects.shell_read_only`);
 - ``wait``: waits on a running process (``BashOutput``, ``TaskOutput``, Codex ``write_stdin``
   with empty ``chars``); the tools that poll a process name it in ``Tool.poll``
-  (:data:`proxy.waits.POLLS` is read from there);
+  (:data:`proxy.core.waits.POLLS` is read from there);
 - ``plan``: the agent's own plan or todo list (``TodoWrite``, ``update_plan``); ``delegate``: hands
   work to a sub-agent (``Task``); ``ask``: asks the user (``AskUserQuestion``, ``ExitPlanMode``).
 
@@ -71,14 +71,14 @@ class Tool:
     """One tool of an agent: its :data:`Kind`; ``wait_if_blank``: the argument whose absence or
     blank value makes a call a ``wait`` (Codex ``write_stdin`` with ``chars: ""`` polls the
     process); ``subcommands``: kinds by subcommand of a multiplexed tool
-    (:func:`proxy.targets.subcommand`); ``edit``: what a mutation changes; ``success`` / ``failure``:
+    (:func:`proxy.core.targets.subcommand`); ``edit``: what a mutation changes; ``success`` / ``failure``:
     regular expressions (``re.MULTILINE``) of its result's success and failure lines. A failure
     pattern matches at the start of a line of the result's first lines; what it matched, with its
     named group ``echo`` (the tool's own arguments echoed back) left out, is the failure's
     *shape*: two results of one tool with the same shape are the same failure, whatever they
     echo. ``poll``: for a tool that polls a running process, (the argument naming the process,
     the prefix of its wait key: ``("session_id", "session")`` → ``session:59664``;
-    :func:`proxy.waits.poll_of`). ``patches``: for a shell tool whose agent intercepts a patch
+    :func:`proxy.core.waits.poll_of`). ``patches``: for a shell tool whose agent intercepts a patch
     run through it (:func:`shell_patch`), the name of the agent's patch tool, whose entry reads
     such a call."""
 
@@ -471,7 +471,7 @@ def succeeded(name: str, text: str, agent: Agent | None = None) -> bool:
 @cache
 def failure_lines() -> tuple[str, ...]:
     """Every failure pattern of the table, once each and without its named groups, for
-    :class:`proxy.failures.FailureRule`: a result that has one is a failure whatever the
+    :class:`proxy.core.failures.FailureRule`: a result that has one is a failure whatever the
     configured patterns (they are specific to their tools: ``apply_patch verification failed:
     …`` comes from nothing else)."""
     out: dict[str, None] = {}

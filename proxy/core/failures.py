@@ -30,7 +30,7 @@ The rule, in order:
    middle of a long output is file content or program output, not the tool's verdict. This also
    keeps the cost flat: the 300 results of a 5 MB history are classified in about 2 ms.
 
-5. **A known agent's failure line** (:func:`proxy.agents.failure_lines`: Codex's ``apply_patch
+5. **A known agent's failure line** (:func:`proxy.core.agents.failure_lines`: Codex's ``apply_patch
    verification failed: …``, Gemini CLI's ``Failed to edit, 0 occurrences found …``) at the edge
    of the result, whatever the configured patterns: each is specific to its tool.
 
@@ -56,8 +56,8 @@ from collections.abc import Sequence
 
 import orjson
 
-from proxy import agents
-from proxy.transcript import ToolResult
+from proxy.core import agents
+from proxy.core.transcript import ToolResult
 
 #: How many lines at each end of a result the patterns see.
 EDGE_LINES = 5

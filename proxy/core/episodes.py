@@ -10,7 +10,7 @@ request* starts: a user message that is not a continuation.
   ``progress.continuation_patterns`` (:data:`DEFAULT_CONTINUATION_PATTERNS`: short replies that
   ask for nothing new, compaction summaries, harness format errors; searched with ``re.match``
   from the text's start).
-- A harness's format-error reply (:mod:`proxy.harness_replies`) is always a continuation,
+- A harness's format-error reply (:mod:`proxy.core.harness_replies`) is always a continuation,
   whatever the patterns say: it is the harness asking again, not a person.
 - :func:`episodes` numbers each call's episode. The progress-aware loop rules (repeat_reminder's
   chain, recurrence, cycles, repeated_failure, same_target, echo_loop) count per episode, so the
@@ -27,8 +27,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from proxy.harness_replies import is_harness_reply
-from proxy.transcript import Transcript
+from proxy.core.harness_replies import is_harness_reply
+from proxy.core.transcript import Transcript
 
 #: User messages that continue the work rather than ask for something new.
 DEFAULT_CONTINUATION_PATTERNS: tuple[str, ...] = (

@@ -4,7 +4,7 @@ Every key is optional; unknown keys, wrong types and out-of-range values raise
 :class:`proxy.errors.ConfigError` naming the dotted key path (``guards.repeat_reminder.thresholds``).
 The defaults here are the ones documented in ``config/loopguard.yaml``. Precedence for the listen
 address and upstream: command-line flags, then ``LOOPGUARD_*`` environment variables, then the file,
-then these defaults (see :mod:`proxy.ops.cli`).
+then these defaults (see :mod:`proxy.cli.main`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from proxy.edge.forward import redact_url
-from proxy.effects import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS, EffectRule
-from proxy.episodes import DEFAULT_CONTINUATION_PATTERNS, ContinuationRule
+from proxy.config.redact import redact_url
+from proxy.core.effects import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS, EffectRule
+from proxy.core.episodes import DEFAULT_CONTINUATION_PATTERNS, ContinuationRule
+from proxy.core.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
+from proxy.core.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
 from proxy.errors import ConfigError
-from proxy.failures import DEFAULT_FAILURE_PATTERNS, compile_pattern
-from proxy.volatile import DEFAULT_MASK_PATTERNS, Masks, compile_masks
 
 #: ``mode`` of a guard, of ``stop``, of ``response`` and of the whole file (issue 16).
 Mode = Literal["enforce", "observe"]
@@ -40,7 +40,7 @@ DENY_PLACEHOLDERS = ("tool", "count", "limit", "kind")
 
 
 def _check_failure_patterns(patterns: tuple[str, ...], key: str) -> Iterator[ConfigError]:
-    """Each pattern must compile as a failure pattern (:func:`proxy.failures.compile_pattern`);
+    """Each pattern must compile as a failure pattern (:func:`proxy.core.failures.compile_pattern`);
     the error names ``key[i]``."""
     for i, pattern in enumerate(patterns):
         try:
@@ -253,8 +253,8 @@ class TurnGuardConfig:
     suit chat assistants and would cut long autonomous coding turns.
 
     Limits are integers; 0 disables that limit. ``targets``: tool-name pattern → argument names
-    tried for that tool's target (``proxy.targets``). ``failure_patterns``: regular expressions
-    matched at the edges of a tool result (``proxy.failures``). ``narrate_*``: milliseconds.
+    tried for that tool's target (``proxy.core.targets``). ``failure_patterns``: regular expressions
+    matched at the edges of a tool result (``proxy.core.failures``). ``narrate_*``: milliseconds.
     """
 
     enabled: bool = False
@@ -483,18 +483,18 @@ class GuardsConfig:
 
 @dataclass(frozen=True)
 class ProgressConfig:
-    """Progress-aware repeats (issue 7, :mod:`proxy.progress`): ``masks`` are regular expressions
+    """Progress-aware repeats (issue 7, :mod:`proxy.core.progress`): ``masks`` are regular expressions
     for volatile spans (timestamps, durations, ids) masked before two results are compared; the
-    default list is :data:`proxy.volatile.DEFAULT_MASK_PATTERNS`. One list for every guard with
+    default list is :data:`proxy.core.volatile.DEFAULT_MASK_PATTERNS`. One list for every guard with
     ``progress_aware``."""
 
     masks: tuple[str, ...] = DEFAULT_MASK_PATTERNS
-    #: What may change state (issue 10, :mod:`proxy.effects`): extra tool-name patterns that only
+    #: What may change state (issue 10, :mod:`proxy.core.effects`): extra tool-name patterns that only
     #: read / that always may write, and the programs whose shell runs only read.
     read_only_tools: tuple[str, ...] = DEFAULT_READ_ONLY_TOOLS
     state_changing_tools: tuple[str, ...] = ()
     read_only_commands: tuple[str, ...] = DEFAULT_READ_ONLY_COMMANDS
-    #: User messages that do not start a new episode (issue 10, :mod:`proxy.episodes`).
+    #: User messages that do not start a new episode (issue 10, :mod:`proxy.core.episodes`).
     continuation_patterns: tuple[str, ...] = DEFAULT_CONTINUATION_PATTERNS
 
     def check(self, path: str) -> Iterator[ConfigError]:
@@ -714,7 +714,7 @@ class StateConfig:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """Capture of guarded requests for ``loopguard replay`` (issue 16, :mod:`proxy.ops.capture`).
+    """Capture of guarded requests for ``loopguard replay`` (issue 16, :mod:`proxy.edge.capture`).
 
     ``path``: the JSONL file (``""`` = off; its directory must exist and be writable, checked
     at start: ``check-config`` and ``serve`` fail naming ``capture.path`` otherwise); one line per guarded
@@ -833,7 +833,7 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
 #: Keys whose value is a credential: an error about one names its type, never its value.
 SECRET_KEYS = frozenset({"admin_token"})
 #: Keys whose value is a URL that may carry a credential (user info, a query ``api-key``):
-#: shown through :func:`proxy.edge.forward.redact_url`.
+#: shown through :func:`proxy.config.redact.redact_url`.
 URL_KEYS = frozenset({"upstream.url", "state.backend"})
 
 

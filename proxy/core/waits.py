@@ -48,11 +48,11 @@ import functools
 import re
 from typing import Any
 
-from proxy import agents
-from proxy.transcript import ToolCall, ToolResult
+from proxy.core import agents
+from proxy.core.transcript import ToolCall, ToolResult
 
 #: Poll tools: name → the argument naming the process it polls (and the key prefix); the agents'
-#: tool table says which tools poll (:attr:`proxy.agents.Tool.poll`).
+#: tool table says which tools poll (:attr:`proxy.core.agents.Tool.poll`).
 POLLS: dict[str, tuple[str, str]] = agents.polls()
 #: Programs a sleep may run besides ``sleep`` and still only wait.
 QUIET = frozenset(("echo", "printf", "true", ":"))

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from proxy.transcript import Transcript
+from proxy.core.transcript import Transcript
 
 MAX_CONVERSATIONS = 10_000
 TTL_MS = 24 * 60 * 60 * 1000

@@ -17,7 +17,7 @@ With ``contents: false`` (the default) no text leaves as written (:func:`redact_
 
 - every string in a message or item other than the protocol's own fields (``role``, ``type``,
   ``name``, ids, ``status``) becomes :func:`digest` of it: equal texts give equal digests. A tool
-  result's text is masked with ``progress.masks`` first (:func:`proxy.volatile.mask`), so two
+  result's text is masked with ``progress.masks`` first (:func:`proxy.core.volatile.mask`), so two
   results the live run judged the same (a timestamp apart) have one digest, and digests contain
   nothing a mask matches (letters ``g``–``z`` only), so replay judges them the same too;
 - a call's ``arguments`` keep their keys (``ignore_args`` drop keys by name) and every value
@@ -52,9 +52,9 @@ from typing import Any
 
 import orjson
 
-from proxy.canonical import INVALID, parse_arguments
-from proxy.ops.config import CaptureConfig
-from proxy.volatile import Masks, mask
+from proxy.config import CaptureConfig
+from proxy.core.canonical import INVALID, parse_arguments
+from proxy.core.volatile import Masks, mask
 
 #: The capture format's version (``"v"``).
 VERSION = 1
@@ -82,7 +82,7 @@ def _leaf(value: Any) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        value = int(value)  # as proxy.canonical normalizes it
+        value = int(value)  # as proxy.core.canonical normalizes it
     return digest(orjson.dumps(value, default=str).decode())
 
 

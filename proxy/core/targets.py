@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import agents
-from proxy.patterns import NamePatterns
+from proxy.core import agents
+from proxy.core.patterns import NamePatterns
 
 DEFAULT_TARGET_ARGS = (
     "path",
@@ -176,9 +176,9 @@ def call_on(rule: TargetRule, name: str, arguments: Any, raw: Any = None) -> tup
     escalation ladder): (tool name with its :func:`subcommand`, target as :func:`path_key` for a
     path, the command text for a command; None when the call has no target). A patch tool's call
     (Codex ``apply_patch``, whose raw input ``raw`` is the patch) is on the first file its patch
-    names (:func:`proxy.agents.patched_files`), and so is a shell call that runs a patch (Codex's
-    ``exec_command {"cmd": "apply_patch <<'EOF' …"}``, :func:`proxy.agents.shell_patch`), as the
-    patch tool (:func:`proxy.agents.runs_as`): retries of one patch are calls on one target
+    names (:func:`proxy.core.agents.patched_files`), and so is a shell call that runs a patch (Codex's
+    ``exec_command {"cmd": "apply_patch <<'EOF' …"}``, :func:`proxy.core.agents.shell_patch`), as the
+    patch tool (:func:`proxy.core.agents.runs_as`): retries of one patch are calls on one target
     however their patch text drifts, and a patch run either way is the same edit."""
     target = rule(name, arguments)
     sub = subcommand(arguments)

@@ -21,7 +21,7 @@ class ToolResult:
     text parts of an array joined by newlines, ``""`` for null). ``is_error``: the protocol's error
     flag where the dialect has one, else None. ``pending``: a placeholder for a result that has not
     arrived (the response side's look-ahead, :func:`proxy.response.decide.with_pending_step`); progress-aware
-    rules judge such a call by the previous pair (:mod:`proxy.progress`).
+    rules judge such a call by the previous pair (:mod:`proxy.core.progress`).
     """
 
     position: int
@@ -39,7 +39,7 @@ class ToolCall:
     ``seq``: 0-based order among all calls of the conversation. ``step``: index into
     :attr:`Transcript.steps`. ``turn``: number of user messages before the call. ``position``:
     message index of the assistant message that made it. ``arguments_raw``: the wire value (usually a
-    JSON string); ``arguments``: its decoded form or ``proxy.canonical.INVALID``.
+    JSON string); ``arguments``: its decoded form or ``proxy.core.canonical.INVALID``.
     """
 
     seq: int

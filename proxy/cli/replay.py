@@ -1,6 +1,6 @@
 """``loopguard replay``: captured traffic and fixture conversations through the guards (issue 16).
 
-What it reads (:func:`load`): capture files (``capture.path``, JSON lines, :mod:`proxy.ops.capture`;
+What it reads (:func:`load`): capture files (``capture.path``, JSON lines, :mod:`proxy.edge.capture`;
 rotated backups ``path.N`` included, oldest first), and fixture files (one JSON object with
 ``messages``: the format of ``tests/fixtures/loops`` and of the recorded runs kept outside the
 repository, ``shared/fixtures/realtraj``; see their READMEs), or directories of them (``*.json``
@@ -42,15 +42,15 @@ from typing import Any
 
 import orjson
 
-from proxy.actions import Action, Cut, Remind, Stop, Withhold
+from proxy.config import Config
+from proxy.core.actions import Action, Cut, Remind, Stop, Withhold
+from proxy.core.transcript import Transcript
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, build_guards
 from proxy.guards.stop_note import stop_note_for
-from proxy.ops.config import Config
 from proxy.request.memory import Memory
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import decide_json, deciders, observed_actions
-from proxy.transcript import Transcript
 
 #: The request dialect of each captured ``dialect`` (Anthropic Messages: without ``system``,
 #: which the capture does not keep).
@@ -231,7 +231,7 @@ def load(paths: Sequence[str | Path], skipped: dict[str, int] | None = None) -> 
 
 @dataclass(frozen=True)
 class Act:
-    """One action at its call: ``call`` (1-based, :mod:`module docstring <proxy.ops.replay>`),
+    """One action at its call: ``call`` (1-based, :mod:`module docstring <proxy.cli.replay>`),
     ``rule``, ``kind``, ``side`` (``request`` or ``response``), ``exchange`` (0-based index of
     the request), ``mode`` (``enforce`` or ``observe``), ``reason`` (withhold, stop, cut)."""
 

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.actions import Action, Cut, Repair, Stop, Withhold
-from proxy.ops.incidents import Incident
+from proxy.core.actions import Action, Cut, Repair, Stop, Withhold
+from proxy.edge.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
 RECENT_INCIDENTS = 50
@@ -134,7 +134,7 @@ class Stats:
     """Process-wide counters (reset on restart). Only *fresh* actions are counted.
 
     ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
-    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.ops.incidents`), oldest first.
+    newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.edge.incidents`), oldest first.
 
     Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
     enforce mode would count), ``observed_per_rule`` the observed ones (flat mappings, so that

@@ -23,9 +23,7 @@ from typing import Any
 import yaml
 
 import proxy
-from proxy.edge.forward import redact_url
-from proxy.errors import ConfigError
-from proxy.ops.config import (
+from proxy.config import (
     Config,
     ListenConfig,
     UpstreamConfig,
@@ -34,7 +32,9 @@ from proxy.ops.config import (
     load_config,
     to_plain,
 )
-from proxy.ops.observe import LOG_FORMATS, configure_logging, default_log_format
+from proxy.config.redact import redact_url
+from proxy.edge.observe import LOG_FORMATS, configure_logging, default_log_format
+from proxy.errors import ConfigError
 
 
 def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -173,7 +173,7 @@ def shown_config(cfg: Config) -> dict[str, object]:
     """``cfg`` as plain data with no credential in it (``check-config``): ``admin_token`` as
     :data:`REDACTED` when set, :data:`TOKEN_OFF` when empty (null stays null); ``upstream.url``
     and ``state.backend`` with user info and query values redacted
-    (:func:`proxy.edge.forward.redact_url`, ``marked``)."""
+    (:func:`proxy.config.redact.redact_url`, ``marked``)."""
     plain = to_plain(cfg)
     if plain.get("admin_token") is not None:
         plain["admin_token"] = REDACTED if plain["admin_token"] else TOKEN_OFF
@@ -243,11 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check_config(args.file)
     try:
         if args.command == "demo":
-            from proxy.ops.demo import run_demo
+            from proxy.cli.demo import run_demo
 
             return asyncio.run(run_demo(load_config(args.config), steps=args.steps))
         if args.command == "replay":
-            from proxy.ops.replay import main as replay_main
+            from proxy.cli.replay import main as replay_main
 
             return replay_main(args, load_config(args.config))
         cfg = effective_config(args, os.environ)

@@ -9,7 +9,7 @@ Rules:
     says so: split into words (``read_file``, ``WebFetch``, ``mcp__fs__read_text``), it has a word
     of :data:`READ_VERBS` and none of :data:`WRITE_VERBS`, and it is not in
     ``state_changing_tools``;
-  - a multiplexed tool (:func:`proxy.targets.subcommand`: ``str_replace_editor {"command":
+  - a multiplexed tool (:func:`proxy.core.targets.subcommand`: ``str_replace_editor {"command":
     "view"}``) is read-only when its subcommand is in :data:`READ_SUBCOMMANDS`, whatever its name;
   - a shell call (a ``command``/``cmd`` argument holding a command line) is read-only when every
     simple command of it (split on ``&&``, ``||``, ``;``, ``|``, newlines) runs a program of
@@ -19,10 +19,10 @@ Rules:
   Anything else may change state (unknown tools and programs included: precision first).
 - A call **changes the situation** when it may change state, its result is not a failure, not a
   user's rejection (a rejected edit changed nothing) and not a cancellation
-  (:func:`proxy.failures.cancelled`: it never ran), and it is *novel*: no earlier call with the
-  same tool and canonical arguments got the same result (masked, :mod:`proxy.progress`). A second
+  (:func:`proxy.core.failures.cancelled`: it never ran), and it is *novel*: no earlier call with the
+  same tool and canonical arguments got the same result (masked, :mod:`proxy.core.progress`). A second
   identical write with the same result leaves the state as the first one did.
-- A call that waits on a running process (:func:`proxy.waits.is_wait`) changes the situation:
+- A call that waits on a running process (:func:`proxy.core.waits.is_wait`) changes the situation:
   time passed while the process ran, so a status check after it is not a repeat of the one
   before it.
 - :func:`epochs` numbers the situations: ``before[i]`` is how many calls changed the situation
@@ -40,15 +40,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import agents
-from proxy.canonical import canonical_arguments
-from proxy.episodes import ContinuationRule, EpisodeCounter, episodes
-from proxy.failures import FailureRule, RejectionRule, cancelled
-from proxy.patterns import NamePatterns
-from proxy.progress import DEFAULT_MASKS, Masks, same_result
-from proxy.targets import COMMAND_ARGS, own_command, subcommand
-from proxy.transcript import ToolCall, Transcript
-from proxy.waits import is_wait
+from proxy.core import agents
+from proxy.core.canonical import canonical_arguments
+from proxy.core.episodes import ContinuationRule, EpisodeCounter, episodes
+from proxy.core.failures import FailureRule, RejectionRule, cancelled
+from proxy.core.patterns import NamePatterns
+from proxy.core.progress import DEFAULT_MASKS, Masks, same_result
+from proxy.core.targets import COMMAND_ARGS, own_command, subcommand
+from proxy.core.transcript import ToolCall, Transcript
+from proxy.core.waits import is_wait
 
 #: Words of a tool name that mark it as reading (with none of :data:`WRITE_VERBS`).
 READ_VERBS = frozenset(
@@ -508,11 +508,11 @@ class Situations:
         return EditLedger(self)
 
     def episode_counter(self) -> EpisodeCounter:
-        """An empty :class:`proxy.episodes.EpisodeCounter` under the continuation rule."""
+        """An empty :class:`proxy.core.episodes.EpisodeCounter` under the continuation rule."""
         return EpisodeCounter(self.continuations)
 
     def episodes(self, transcript: Transcript) -> tuple[int, ...]:
-        """Per call, its episode (:mod:`proxy.episodes`): turns that continuations do not split."""
+        """Per call, its episode (:mod:`proxy.core.episodes`): turns that continuations do not split."""
         return episodes(transcript, self.continuations)
 
 
@@ -527,7 +527,7 @@ LEDGER_CHANGES = 32
 
 def is_mutation(name: str, arguments: Any) -> bool:
     """True when a call edits a file: its tool (or subcommand) is of kind ``mutate`` in
-    :mod:`proxy.agents`, or, for a tool the table does not know, its name has a word of
+    :mod:`proxy.core.agents`, or, for a tool the table does not know, its name has a word of
     :data:`EDIT_VERBS` and none of :data:`RUN_VERBS` (``edit_file``, ``apply_diff``)."""
     sub = subcommand(arguments)
     kind = agents.kind_of(name, arguments, sub)
@@ -544,12 +544,12 @@ class EditLedger:
     arguments is progress even when its result is a constant success line").
 
     ``ledger.progress(call, on) -> bool`` for the calls of one episode in conversation order,
-    ``on`` what the call is on (:func:`proxy.targets.call_on`): True when the call edits a file
+    ``on`` what the call is on (:func:`proxy.core.targets.call_on`): True when the call edits a file
     (:func:`is_mutation`), its result is known, not a failure (``situations.failures``) and not a
     user's rejection, and its change is new on that target: not the change of an earlier
     successful edit on it (the same edit again) and not one that undoes it (its old and new texts
-    swapped: A→B then B→A, :func:`proxy.agents.undoes`). What a call changes is
-    :func:`proxy.agents.change_of` for the agents' edit tools, else its canonical arguments. The
+    swapped: A→B then B→A, :func:`proxy.core.agents.undoes`). What a call changes is
+    :func:`proxy.core.agents.change_of` for the agents' edit tools, else its canonical arguments. The
     last :data:`LEDGER_CHANGES` changes per target are kept. Mutable; :meth:`copy` is
     independent."""
 

@@ -34,13 +34,13 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 import structlog
 
-from proxy.actions import Action, Stop, Withhold
+from proxy.core.actions import Action, Stop, Withhold
+from proxy.core.clock import iso_utc
 from proxy.guards.circuit_breaker import RULE
 
 log = structlog.get_logger("loopguard")
@@ -72,13 +72,7 @@ class Incident:
         return out
 
 
-def iso_utc(ms: int) -> str:
-    """``ms`` since the epoch as ISO-8601 UTC with milliseconds: ``2025-01-02T03:04:05.678Z``."""
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-#: The incident kind of a response-side :class:`~proxy.actions.Stop`.
+#: The incident kind of a response-side :class:`~proxy.core.actions.Stop`.
 STOP_KIND = "stop"
 
 

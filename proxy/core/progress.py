@@ -1,5 +1,5 @@
 """Progress-aware repeats (issue 7): the same call is a *repeat* only when its result is the same
-as the previous identical call's, after masking volatile spans (:mod:`proxy.volatile`). Same
+as the previous identical call's, after masking volatile spans (:mod:`proxy.core.volatile`). Same
 arguments and a new result is progress (polling a job whose status changes, paging a growing
 output), not repetition.
 
@@ -20,11 +20,11 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from proxy.transcript import ToolResult
-from proxy.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, MASK, Masks, compile_masks, mask
+from proxy.core.transcript import ToolResult
+from proxy.core.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, MASK, Masks, compile_masks, mask
 
 if TYPE_CHECKING:
-    from proxy.effects import EpochCounter, Epochs
+    from proxy.core.effects import EpochCounter, Epochs
 
 __all__ = [
     "DEFAULT_MASKS",
@@ -105,7 +105,7 @@ class RepeatJudge:
     with its key was one, or was the first with that key. :meth:`forget` drops every key (a caller
     that wants comparisons not to cross a user message calls it there).
 
-    With ``epochs`` (:func:`proxy.effects.epochs`, issue 10) a call is a repeat only when, in
+    With ``epochs`` (:func:`proxy.core.effects.epochs`, issue 10) a call is a repeat only when, in
     addition, nothing between the previous call with its key and itself changed the situation
     (``index`` is the call's ``seq``): the same result after an edit is not evidence of a loop.
 
@@ -144,7 +144,7 @@ class RepeatJudge:
 
     def copy(self, epochs: Epochs | EpochCounter | None = None) -> RepeatJudge:
         """An independent copy judging with ``epochs`` (the copy of this judge's counter, when it
-        has one: :class:`proxy.effects.EpochCounter`)."""
+        has one: :class:`proxy.core.effects.EpochCounter`)."""
         out = RepeatJudge(self._masks, epochs)
         out._last = dict(self._last)
         return out

@@ -22,7 +22,7 @@
 logged, counted and written to the incident log (older ones are re-derived re-injections).
 
 ``observed`` is True for an action of a rule in observe mode (issue 16,
-:meth:`proxy.ops.config.Config.observed_rules`): decided, logged, counted and recorded like any
+:meth:`proxy.config.Config.observed_rules`): decided, logged, counted and recorded like any
 other, but not applied (:func:`mark_observed`).
 """
 

@@ -1,2 +1,0 @@
-"""Operations: ``cli``, ``config``, ``observe`` (logging and stats), ``metrics``, ``incidents``,
-``demo``."""
