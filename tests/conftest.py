@@ -10,8 +10,8 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.edge.server import start
-from tests.fakes import FakeUpstream, Recorded, looping_handler
-from tests.proxy_server import proxy_config
+from tests.helpers.fakes import FakeUpstream, Recorded, looping_handler
+from tests.helpers.proxy_server import proxy_config
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ first call of the answer it replaces (the next call number for a text-only answe
 cut at the first call it drops; a degenerate-text cut at the answer's first call. Then the
 totals per rule and kind.
 
-Loading fixtures is here, not in the tests, so that the test harnesses (``tests/corpus.py``,
-``tests/realtraj.py``) and ``loopguard replay`` read them the same way.
+Loading fixtures is here, not in the tests, so that the test harnesses (``tests/helpers/corpus.py``,
+``tests/helpers/realtraj.py``) and ``loopguard replay`` read them the same way.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Here, with ``listen.*`` (:class:`proxy.config.ListenConfig`):
 - :func:`ensure_fd_limit` raises the soft ``RLIMIT_NOFILE`` to fit the limit.
 
 What this relies on in aiohttp beyond its public API, all of it here and checked by
-``tests/test_agent_side.py::test_aiohttp_internals_we_rely_on`` (see :data:`AIOHTTP_INTERNALS`):
+``tests/e2e/test_agent_side.py::test_aiohttp_internals_we_rely_on`` (see :data:`AIOHTTP_INTERNALS`):
 ``web.Server`` is the protocol factory the sites pass to ``loop.create_server`` and builds its
 ``RequestHandler`` from ``self._loop`` and ``self._kwargs`` (so :meth:`AgentServer.__call__`
 does the same with the subclass; :func:`adopt` swaps the class of the server an ``AppRunner``

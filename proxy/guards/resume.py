@@ -26,7 +26,7 @@ the whole transcript every time.
 What a checkpoint may be used for is the caller's promise (the prefix cache,
 :mod:`proxy.request.prefix_cache`, keeps one per conversation): every unit before its cut is the
 same in the new transcript, the guards are the same objects and the observed rules the same.
-Then the actions are exactly those of :func:`proxy.guards.evaluate` (``tests/test_resume.py``
+Then the actions are exactly those of :func:`proxy.guards.evaluate` (``tests/gates/test_resume.py``
 replays every fixture and real run both ways, a request at a time). A guard that breaks that
 promise (an action before the cut that depends on what comes after) is caught there.
 """

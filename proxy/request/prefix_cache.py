@@ -21,7 +21,7 @@ offers exactly those; ``tool_choice`` is always the request's own.
 Decisions never depend on it (DESIGN principle 2): a miss (the first request, a restart,
 another replica, an edited or compacted history, other whitespace or key order, an evicted
 entry) reads the whole history, and both ways give the same transcript and the same spans
-(``tests/test_prefix_cache.py`` replays every fixture both ways). The guards still run over
+(``tests/unit/request/test_prefix_cache.py`` replays every fixture both ways). The guards still run over
 the whole transcript. A body whose history member is given twice, or is not a list, is always
 read in full and never kept.
 

@@ -1,0 +1,320 @@
+"""A misbehaving upstream on raw sockets (issue 14, the fault suite): each scenario writes exact
+bytes (or resets the connection) at one phase of the answer; the tests pin what the agent receives
+and how often the upstream was asked, through the real server. The stalls (before the headers,
+mid-JSON, mid-stream) are in tests/e2e/test_forwarding.py (``test_a_stalled_*``), ``Expect`` in
+``test_expect_100_continue_*``, the stale keep-alive race in ``test_a_request_on_a_connection_*``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.edge.server import start
+from tests.conftest import ProxyFactory
+from tests.helpers.fakes import FakeUpstream, repeated_call_messages
+from tests.helpers.proxy_server import proxy_config
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+CHAT = "/v1/chat/completions"
+ANSWER = orjson.dumps(
+    {
+        "id": "c1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+    }
+)
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENT = (
+    b'data: {"id":"c1","object":"chat.completion.chunk",'
+    b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+)
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (SO_LINGER 0), not a FIN."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+@dataclass
+class RawUpstream:
+    """An upstream on a raw socket: reads one request (headers and a Content-Length body), then
+    runs ``script``. ``requests``: how many requests it read."""
+
+    script: Script | None = None
+    requests: int = 0
+    url: str = ""
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            self.requests += 1
+            assert self.script is not None
+            await self.script(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+
+@pytest.fixture
+async def raw_upstream() -> AsyncIterator[RawUpstream]:
+    up = RawUpstream()
+    server = await asyncio.start_server(up.handle, "127.0.0.1", 0)
+    up.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    yield up
+    server.close()
+
+
+async def request(raw_upstream: RawUpstream, stream: bool) -> tuple[bytes, float, dict]:
+    """POST a one-step chat request through a fresh proxy on a raw socket; returns (every byte the
+    agent received until the proxy closed, seconds, the proxy's stats)."""
+    cfg: Config = proxy_config({"upstream": {"read_timeout_s": 2}}, raw_upstream.url)
+    runner, port = await start(cfg)
+    try:
+        body = orjson.dumps({"model": "m", "stream": stream, "messages": repeated_call_messages(1)})
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        writer.write(
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        got = await asyncio.wait_for(reader.read(), 10)
+        elapsed = loop.time() - t0
+        writer.close()
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+        w2.write(b"GET /loop-guard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        stats = orjson.loads((await r2.read()).split(b"\r\n\r\n", 1)[1])
+        w2.close()
+        return got, elapsed, stats
+    finally:
+        await runner.cleanup()
+
+
+def status_and_body(got: bytes) -> tuple[int, bytes]:
+    head, _, body = got.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out += rest[:n]
+        body = rest[n + 2 :]
+    return bytes(out)
+
+
+# --- scripts ---------------------------------------------------------------------------------------------
+
+
+async def reset_before_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    reset(writer)
+
+
+async def close_before_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+async def reset_mid_json(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(ANSWER)}\r\n\r\n".encode()
+        + ANSWER[:10]
+    )
+    await writer.drain()
+    reset(writer)
+
+
+async def truncated_json(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Content-Length promises more than comes, then a clean close."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(ANSWER) + 50}\r\n\r\n".encode()
+        + ANSWER
+    )
+    await writer.drain()
+    writer.close()
+
+
+async def json_longer_than_its_length(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Content-Length says less than what follows: the answer is what the length says."""
+    writer.write(
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(ANSWER)}\r\n\r\n".encode()
+        + ANSWER
+        + b"GARBAGE"
+    )
+    await writer.drain()
+    writer.close()
+
+
+async def json_until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """No length, no chunking: the body ends when the connection does (HTTP/1.0 style)."""
+    writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + ANSWER)
+    await writer.drain()
+    writer.close()
+
+
+async def bad_chunk_framing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(SSE_HEAD + chunk(EVENT) + b"zz\r\nnot a chunk\r\n")
+    await writer.drain()
+    writer.close()
+
+
+async def reset_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(SSE_HEAD + chunk(EVENT))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    reset(writer)
+
+
+async def close_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The chunked stream's last chunk never comes: a clean FIN after one event."""
+    writer.write(SSE_HEAD + chunk(EVENT))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.close()
+
+
+# --- the agent's view ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("script", [reset_before_headers, close_before_headers], ids=["reset", "fin"])
+async def test_upstream_gone_before_its_headers_is_a_502_and_not_sent_twice(
+    raw_upstream: RawUpstream, script: Script, stream: bool
+) -> None:
+    """The request reached the upstream: sending it again could run a generation twice, so the
+    stale keep-alive retry (item 10) never applies to a fresh connection."""
+    raw_upstream.script = script
+    got, elapsed, stats = await request(raw_upstream, stream)
+    status, body = status_and_body(got)
+    assert status == 502
+    assert orjson.loads(body)["error"]["type"] == "upstream_unreachable"
+    assert raw_upstream.requests == 1
+    assert (stats["upstream_errors"], stats["internal_errors"]) == (1, 0)
+    assert elapsed < 2
+
+
+@pytest.mark.parametrize(
+    ("script", "sent"),
+    [
+        pytest.param(reset_mid_json, ANSWER[:10], id="reset"),
+        pytest.param(truncated_json, ANSWER, id="short_body"),
+    ],
+)
+async def test_a_json_answer_cut_midway_reaches_the_agent_visibly_short(
+    raw_upstream: RawUpstream, script: Script, sent: bytes
+) -> None:
+    """What came is relayed under the upstream's own Content-Length, then the connection closes:
+    the agent's client sees fewer bytes than announced, never a clean success."""
+    raw_upstream.script = script
+    got, elapsed, stats = await request(raw_upstream, False)
+    head, _, body = got.partition(b"\r\n\r\n")
+    announced = len(ANSWER) if script is reset_mid_json else len(ANSWER) + 50
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert f"Content-Length: {announced}\r\n".encode() in head
+    assert body == sent
+    assert stats["upstream_errors"] == 1
+    assert elapsed < 2
+
+
+async def test_extra_bytes_after_the_length_are_a_502(raw_upstream: RawUpstream) -> None:
+    """aiohttp's parser refuses an answer followed by bytes it did not announce: a 502 naming the
+    error type, never a half-read answer."""
+    raw_upstream.script = json_longer_than_its_length
+    got, _, stats = await request(raw_upstream, False)
+    status, body = status_and_body(got)
+    assert (status, orjson.loads(body)["error"]["type"]) == (502, "upstream_unreachable")
+    assert "(ClientResponseError)" in orjson.loads(body)["error"]["message"]
+    assert (raw_upstream.requests, stats["upstream_errors"]) == (1, 1)
+
+
+async def test_an_http10_answer_read_until_close_arrives_whole(raw_upstream: RawUpstream) -> None:
+    raw_upstream.script = json_until_close
+    got, _, stats = await request(raw_upstream, False)
+    status, body = status_and_body(got)
+    head = got.partition(b"\r\n\r\n")[0].lower()
+    assert status == 200
+    assert (dechunk(body) if b"chunked" in head else body) == ANSWER
+    assert (stats["upstream_errors"], stats["internal_errors"]) == (0, 0)
+
+
+async def test_a_bad_chunk_in_the_first_read_is_a_502(raw_upstream: RawUpstream) -> None:
+    raw_upstream.script = bad_chunk_framing
+    got, _, stats = await request(raw_upstream, True)
+    status, body = status_and_body(got)
+    assert (status, orjson.loads(body)["error"]["type"]) == (502, "upstream_unreachable")
+    assert (raw_upstream.requests, stats["upstream_errors"]) == (1, 1)
+
+
+@pytest.mark.parametrize("script", [reset_mid_stream, close_mid_stream], ids=["reset", "fin"])
+async def test_a_stream_cut_midway_ends_with_the_error_event_and_a_broken_connection(
+    raw_upstream: RawUpstream, script: Script
+) -> None:
+    raw_upstream.script = script
+    got, elapsed, stats = await request(raw_upstream, True)
+    status, body = status_and_body(got)
+    assert status == 200
+    data = dechunk(body)
+    assert data.startswith(EVENT)
+    error = orjson.loads(data[len(EVENT) :].removeprefix(b"data: "))
+    assert error["error"]["type"] == "upstream_disconnected"
+    assert not got.endswith(b"0\r\n\r\n")  # no final chunk: the agent sees a broken stream
+    assert (stats["upstream_errors"], stats["internal_errors"]) == (1, 0)
+    assert elapsed < 2
+
+
+async def test_more_concurrent_requests_than_aiohttps_default_pool_all_reach_the_upstream(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """120 requests at once to an upstream that answers none until all 120 have arrived: with
+    aiohttp's default pool (100) the 101st waited for a free connection with no timeout, so none
+    was ever answered; the pool now holds one upstream connection per agent connection."""
+    n = 120
+    arrived = asyncio.Event()
+    seen = 0
+
+    async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            arrived.set()
+        await arrived.wait()
+        return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    upstream.handler = handler
+    base = await make_proxy()
+    body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1)})
+
+    async def one(session: aiohttp.ClientSession) -> bytes:
+        async with session.post(base + CHAT, data=body) as r:
+            return await r.read()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        got = await asyncio.wait_for(asyncio.gather(*(one(session) for _ in range(n))), 30)
+    assert got == [b'{"ok":true}'] * n
+    assert seen == n
