@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from proxy.core.transcript import ToolResult
 from proxy.core.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, MASK, Masks, compile_masks, mask
-
-if TYPE_CHECKING:
-    from proxy.core.effects import EpochCounter, Epochs
 
 __all__ = [
     "DEFAULT_MASKS",
@@ -95,6 +92,14 @@ def same_result(a: ToolResult | None, b: ToolResult | None, masks: Masks) -> boo
     return a.is_error == b.is_error and same_text(a.text, b.text, masks)
 
 
+class SituationNumbers(Protocol):
+    """What the judge asks of situation numbers (:class:`proxy.core.effects.Epochs` or
+    :class:`proxy.core.effects.EpochCounter`, by call index): did anything change between two
+    calls. A protocol so that effects may build on this module without a cycle."""
+
+    def unchanged(self, earlier: int, later: int) -> bool: ...
+
+
 class RepeatJudge:
     """``judge.repeats(key, result, index) -> bool`` for calls fed in conversation order.
 
@@ -115,7 +120,7 @@ class RepeatJudge:
 
     __slots__ = ("_epochs", "_last", "_masks")
 
-    def __init__(self, masks: Masks = DEFAULT_MASKS, epochs: Epochs | EpochCounter | None = None) -> None:
+    def __init__(self, masks: Masks = DEFAULT_MASKS, epochs: SituationNumbers | None = None) -> None:
         self._masks = masks
         self._epochs = epochs
         # key -> (last known result or None, verdict of the last call, it was the first, index)
@@ -142,7 +147,7 @@ class RepeatJudge:
     def forget(self) -> None:
         self._last.clear()
 
-    def copy(self, epochs: Epochs | EpochCounter | None = None) -> RepeatJudge:
+    def copy(self, epochs: SituationNumbers | None = None) -> RepeatJudge:
         """An independent copy judging with ``epochs`` (the copy of this judge's counter, when it
         has one: :class:`proxy.core.effects.EpochCounter`)."""
         out = RepeatJudge(self._masks, epochs)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.actions import Action, Remind, Withhold
@@ -281,3 +282,31 @@ def apply_chained(
     if repair:
         out = _prepend(out, repair, None) if out is not None else _prepend(raw, repair, body)
     return out
+
+
+#: Answer statuses whose response a server keeps and a later request may continue.
+KEPT_STATUSES = frozenset(("completed", "incomplete"))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The upstream's answer as far as the store cares. ``output``: the items the agent received.
+    ``upstream``: the upstream's own output items when loopguard changed them (None: unchanged,
+    or unknown because loopguard closed the stream)."""
+
+    response_id: str
+    status: str
+    output: tuple[Any, ...]
+    upstream: tuple[Any, ...] | None = None
+
+
+def answer_of(response: Any, upstream: Any = None) -> Answer | None:
+    """The :class:`Answer` of a decoded ``response`` object (what the agent got), or None when it
+    has no string ``id``, no ``output`` list, or a status that is not kept. ``upstream``: the
+    upstream's ``output`` list when it differs."""
+    if not isinstance(response, dict):
+        return None
+    rid, status, output = response.get("id"), response.get("status"), response.get("output")
+    if not isinstance(rid, str) or not rid or status not in KEPT_STATUSES or not isinstance(output, list):
+        return None
+    return Answer(rid, status, tuple(output), tuple(upstream) if isinstance(upstream, list) else None)

@@ -71,6 +71,7 @@ import orjson
 
 from proxy.config import ResponsesStoreConfig
 from proxy.dialects import jsonbody
+from proxy.dialects.openai_responses import Answer
 
 #: ``RequestDecision.unguarded`` for a ``previous_response_id`` loopguard does not hold.
 UNKNOWN_PREVIOUS = "unknown_previous_response"
@@ -80,8 +81,6 @@ NOT_RUN_TEXT = (
 )
 #: Lost ids remembered (for logging an unknown chain once).
 MAX_LOST = 4096
-#: Answer statuses whose response a server keeps and a later request may continue.
-KEPT_STATUSES = frozenset(("completed", "incomplete"))
 CALL_OUTPUT = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
 #: The request headers that name the tenant (OpenAI's bearer token, Azure's ``api-key``,
 #: Anthropic's ``x-api-key``), lower-case: together they scope a kept response.
@@ -101,30 +100,6 @@ def store_key(headers: Mapping[str, str], rid: str) -> str:
         h.update(value)
     h.update(rid.encode("utf-8", "surrogatepass"))
     return f"r-{h.hexdigest()[:32]}"
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The upstream's answer as far as the store cares. ``output``: the items the agent received.
-    ``upstream``: the upstream's own output items when loopguard changed them (None: unchanged,
-    or unknown because loopguard closed the stream)."""
-
-    response_id: str
-    status: str
-    output: tuple[Any, ...]
-    upstream: tuple[Any, ...] | None = None
-
-
-def answer_of(response: Any, upstream: Any = None) -> Answer | None:
-    """The :class:`Answer` of a decoded ``response`` object (what the agent got), or None when it
-    has no string ``id``, no ``output`` list, or a status that is not kept. ``upstream``: the
-    upstream's ``output`` list when it differs."""
-    if not isinstance(response, dict):
-        return None
-    rid, status, output = response.get("id"), response.get("status"), response.get("output")
-    if not isinstance(rid, str) or not rid or status not in KEPT_STATUSES or not isinstance(output, list):
-        return None
-    return Answer(rid, status, tuple(output), tuple(upstream) if isinstance(upstream, list) else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from typing import Any
 from proxy.config import Config
 from proxy.core.actions import Action, Cut, Stop
 from proxy.dialects import jsonbody
-from proxy.request.response_store import Answer, answer_of
+from proxy.dialects.openai_responses import Answer, answer_of
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import DEGENERATE_RULE, StopJudge, detect_text, effects_of, runaway_cut
 from proxy.response.sse import SSEEvent, SSEFramer
