@@ -34,7 +34,9 @@ from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.request import prefix_cache
 from proxy.request.conversation import key_digest
-from proxy.request.prefix_cache import Prefix, PrefixCache, read
+from proxy.request.locate import Located, locate
+from proxy.request.prefix_cache import Prefix, PrefixCache
+from proxy.request.read import Read, read
 from proxy.request.rewrite import RequestDecision, decide_request
 from tests.helpers import messages_blocks, realtraj, responses_items, text_form
 from tests.helpers.corpus import default_config, load_fixtures
@@ -299,6 +301,13 @@ def test_a_request_resumes_only_when_its_history_starts_with_the_kept_bytes(
     assert (cache.stats.hits, cache.stats.misses) == (hits, misses)
 
 
+def _read(raw: bytes) -> Read:
+    """The read stage of a chat body decoded whole with the prefix cache on, nothing kept yet."""
+    located = locate(raw, openai_chat, history=True)  # type: ignore[arg-type]
+    assert isinstance(located, Located)
+    return read(raw, openai_chat, located)  # type: ignore[arg-type]
+
+
 def test_messages_given_twice_are_read_in_full_and_never_kept() -> None:
     raw = (
         b'{"messages":'
@@ -307,13 +316,12 @@ def test_messages_given_twice_are_read_in_full_and_never_kept() -> None:
         + orjson.dumps([*BASE, *STEP])
         + b"}"
     )
-    cache = PrefixCache(1 << 20)
     body = orjson.loads(raw)
-    found = read(raw, body, openai_chat, "k", cache)  # type: ignore[arg-type]
+    found = _read(raw)
     transcript, spans = found.transcript, found.spans
     assert transcript == openai_chat.parse_request(body)
     assert spans is None
-    assert cache.stats.entries == 0
+    assert found.entry is None
 
 
 @pytest.mark.parametrize(
@@ -331,7 +339,8 @@ def test_bodies_without_a_history_of_objects_decide_as_without_the_cache(raw: by
 def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> None:
     raw = b'{"model":"m", "messages": [ {"role":"user","content":"go"} ,{"role":"user","content":"x"}] }'
     cache = PrefixCache(1 << 20)
-    read(raw, orjson.loads(raw), openai_chat, "k", cache)  # type: ignore[arg-type]
+    found = _read(raw)
+    cache.keep(openai_chat.PATH_SUFFIX, "k", found.entry, hit=found.hit)
     entry = cache.get(openai_chat.PATH_SUFFIX, "k")
     assert entry is not None
     assert entry.items == b'[ {"role":"user","content":"go"} ,{"role":"user","content":"x"}'
