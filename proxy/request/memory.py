@@ -1,4 +1,5 @@
-"""The server's per-conversation memory around the request-side decision (DESIGN §1.2, issue 4).
+"""The server's per-conversation memory around the request-side decision (DESIGN §1.2: time
+is one of the few things that needs state, and the turn guard and narration read it).
 
 The glue between :mod:`proxy.core.state` (the bounded store) and the guards that need it, kept out of
 the server's request handler:

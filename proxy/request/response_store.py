@@ -1,5 +1,6 @@
-"""The Responses API's ``previous_response_id`` chains (issue 11): what loopguard keeps so that a
-request carrying only its new items is guarded over the whole conversation.
+"""The Responses API's ``previous_response_id`` chains: what loopguard keeps so that a request
+carrying only its new items is guarded over the whole conversation (the upstream rebuilds the
+rest from its own copy, which the guards cannot see).
 
 A request ``{"previous_response_id": "resp_A", "input": [new items]}`` asks the upstream to
 rebuild the history from its own copy of ``resp_A``'s chain. The guards need that history

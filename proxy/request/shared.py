@@ -1,4 +1,5 @@
-"""State shared by several replicas (issue 16): the backend interface and the wire forms.
+"""State shared by several replicas (so a conversation spread over replicas behind a load
+balancer is guarded as if one process saw it): the backend interface and the wire forms.
 
 One loopguard process keeps its per-conversation state in memory (:mod:`proxy.core.state`,
 :mod:`proxy.request.response_store`, :mod:`proxy.edge.incidents`, :mod:`proxy.edge.observe`). Several

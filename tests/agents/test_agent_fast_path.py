@@ -355,7 +355,7 @@ async def test_claude_code_session_takes_the_fast_path(
 ) -> None:
     """Claude Code rewrites its previous last message on every request (``cache_control`` moves
     to the newest block): each request resumes one message earlier than the kept history ends
-    (:func:`proxy.request.prefix_cache.point`). The second request misses: Claude Code turns its
+    (:func:`proxy.request.locate.point`). The second request misses: Claude Code turns its
     first system note's one-block content list into a string then (a changed early message)."""
     on = await session(upstream, make_proxy, tmp_path, claude_fake(), None, claude_launch(find_claude()), "")
     assert len(on.got) == 7

@@ -1,7 +1,7 @@
 """A prefix-cache hit costs what its new items cost (issue 15): the parse state shares what can no
 longer change between a fold and its copies (:mod:`proxy.dialects.fold`), and a request reuses the
 edits the previous request of its conversation made before its cut
-(:func:`proxy.dialects.edits.apply_kept`, :func:`proxy.request.prefix_cache.apply_edits`).
+(:func:`proxy.dialects.edits.apply_kept`, :func:`proxy.request.edits.write`).
 
 Either way the transcript and the upstream bytes are those of a full read and a full apply:
 ``tests/unit/request/test_prefix_cache.py`` replays every fixture in every form with the cache on and

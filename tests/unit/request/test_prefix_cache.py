@@ -122,7 +122,7 @@ def messages_requests(messages: list[dict[str, Any]], most: int) -> list[bytes]:
 
 
 #: Padding that makes a replayed body at least :data:`prefix_cache.FAST_MIN` bytes, so its
-#: requests take the fast path (:func:`proxy.request.prefix_cache.find`).
+#: requests take the fast path (:func:`proxy.request.locate.locate` found by bytes).
 PAD = "pad " * (prefix_cache.FAST_MIN // 4)
 
 
