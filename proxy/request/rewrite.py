@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.core.actions import Action, applied, mark_observed
 from proxy.core.state import ConversationState
@@ -147,10 +148,10 @@ def decide_request(
     try:
         evaluated, checkpoint = evaluate_from(history.transcript, guards, ctx, observed, history.checkpoint)
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
+        if prefixes is not None:  # what the read established holds still; the guards kept nothing
+            prefixes.keep(suffix, key, history.entry, hit=history.hit, fast=history.fast)
         if responses:  # a Responses request has always failed open here (the server's fail-open)
             raise
-        if prefixes is not None:
-            prefixes.keep(suffix, key, history.entry, hit=history.hit, fast=history.fast)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     actions = mark_observed(evaluated, observed)
     continued = link.entry if link is not None else None
@@ -181,7 +182,7 @@ def decide_request(
 
 
 def _kept(
-    prefixes: PrefixCache | None, suffix: str, key: str, located: Located, chained: object
+    prefixes: PrefixCache | None, suffix: str, key: str, located: Located, chained: dict[str, Any] | None
 ) -> Prefix | None:
     """The kept prefix the read resumes: the one found by bytes, else the conversation's (a
     look-up when the body has a history list to resume; none for a chained Responses request,
