@@ -9,6 +9,8 @@ missing page or anchor an error); this test pins the same without mkdocs install
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -106,3 +108,31 @@ def test_no_text_points_at_a_tracker_number(source: Path) -> None:
     """Say the reason itself: a reader cannot look up "issue 10"."""
     hits = re.findall(r"[^\n]{0,30}\bissues? #?\d+[^\n]{0,30}", source.read_text(), re.I)
     assert not hits, hits
+
+
+def _readme_block(after: str) -> str:
+    text = README.read_text()
+    block = re.search(r"```sh\n(.*?)```", text[text.index(after) :], re.S)
+    assert block is not None, after
+    return block.group(1).strip()
+
+
+def test_the_readme_install_and_run_command_is_one_the_cli_takes() -> None:
+    """The quick start's first command installs the project and runs `loopguard serve`: the
+    console script exists and `serve` takes the flag it passes."""
+    command = _readme_block("install and run the proxy")
+    install, serve = command.split(" && .venv/bin/loopguard ")
+    assert install == "python3 -m venv .venv && .venv/bin/pip install -e ."
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1]
+    assert re.match(r'\s*loopguard = "proxy\.cli\.main:main"', scripts)
+    argv = serve.split()
+    assert argv[:2] == ["serve", "--upstream"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--upstream" in shown
+
+
+def test_the_readme_demo_command_is_one_the_cli_takes() -> None:
+    assert _readme_block("the demo") == ".venv/bin/loopguard demo"
+    subprocess.run([sys.executable, "-m", "proxy", "demo", "--help"], capture_output=True, check=True)
