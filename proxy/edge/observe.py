@@ -64,7 +64,7 @@ class _WithoutContent(logging.Filter):
         return False
 
 
-#: The logger handed to aiohttp's server (``proxy.edge.server.start``): nothing it is given leaves
+#: The logger handed to aiohttp's server (``proxy.edge.serve.start``): nothing it is given leaves
 #: except through :class:`_WithoutContent`.
 SERVER_LOG = logging.getLogger("loopguard.aiohttp")
 SERVER_LOG.propagate = False

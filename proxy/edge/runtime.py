@@ -2,7 +2,7 @@
 
 A :class:`Runtime` is the config plus what is built from it (the guards, the memory glue for
 them). The server holds the current one in a :class:`Live`; each request takes the current one
-when it starts and keeps it to its end (``proxy.edge.server._rt``), so a request in flight
+when it starts and keeps it to its end (:func:`proxy.edge.keys.runtime_of`), so a request in flight
 finishes under the config it started with while later requests get the new one.
 
 :func:`reload` (``SIGHUP``, ``POST /loop-guard/reload``) re-reads the config through the
