@@ -1,4 +1,4 @@
-"""Hot reload (issue 16): what a request decides with, and how a reload replaces it.
+"""Hot reload: what a request decides with, and how a reload replaces it.
 
 A :class:`Runtime` is the config plus what is built from it (the guards, the memory glue for
 them). The server holds the current one in a :class:`Live`; each request takes the current one
