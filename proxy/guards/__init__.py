@@ -63,8 +63,8 @@ def build_guards(
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
-    rules beyond exact repeats (DESIGN §6.5), ``waiting`` (a long wait's reminder), and last ``escalation`` (it reads the
-    reminders of the guards before it).
+    rules beyond exact repeats (DESIGN §6.5), ``waiting`` (a long wait's reminder), and last
+    ``escalation`` (it reads the reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
     (:mod:`proxy.core.effects`); ``continuations``: which user messages do not start a new episode
     (:mod:`proxy.core.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
