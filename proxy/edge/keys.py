@@ -23,6 +23,9 @@ from proxy.edge.shared_state import SharedState
 from proxy.request.memory import Memory
 from proxy.request.response_store import ResponseStore
 
+# What the app holds (``app[...]``), set by create_app or its cleanup contexts.
+#: The config the app started with: what only a restart changes is read here; a request reads
+#: the config it started with from its Runtime (:func:`runtime_of`).
 CONFIG_KEY = web.AppKey("config", Config)
 STATS_KEY = web.AppKey("stats", Stats)
 METRICS_KEY = web.AppKey("metrics", Metrics)
@@ -50,6 +53,12 @@ PENDING_KEY = web.AppKey("pending", set)
 GRACE_OVER_KEY = web.AppKey("grace_over", asyncio.Event)
 #: The capture writer (``capture.path``, :mod:`proxy.edge.capture`), or absent when off.
 CAPTURE_KEY = web.AppKey("capture", CaptureLog)
+#: The current config and guards (:mod:`proxy.edge.runtime`; replaced by a reload).
+LIVE_KEY = web.AppKey("live", Live)
+#: The state replicas share (``state.backend``; in memory by default).
+SHARED_KEY = web.AppKey("shared_state", SharedState)
+
+# What each request holds (``request[...]``; a plain string key on aiohttp without RequestKey).
 #: ``request[DECIDED_MS]``: the time (ms since the epoch) the request side decided at.
 DECIDED_MS: Any = (
     web.RequestKey("loopguard.decided_ms", int) if hasattr(web, "RequestKey") else "loopguard.decided_ms"
@@ -60,10 +69,6 @@ UPSTREAM_ANSWER: Any = (
     if hasattr(web, "RequestKey")
     else "loopguard.upstream_answer"
 )
-#: The current config and guards (:mod:`proxy.edge.runtime`; replaced by a reload).
-LIVE_KEY = web.AppKey("live", Live)
-#: The state replicas share (``state.backend``; in memory by default).
-SHARED_KEY = web.AppKey("shared_state", SharedState)
 #: ``request[DELIVERED]``: the agent has received the whole answer (an SSE ``[DONE]`` or the
 #: stream's end as the response side read it), so a hang-up from now on is not a disconnect.
 DELIVERED: Any = (
