@@ -250,13 +250,14 @@ class PrefixCache:
         and the counters: ``hit`` True a resumed prefix (``fast``: found by its bytes), False a
         history read in full that could have been resumed, None neither; ``reused``: it reused
         the previous request's edits."""
-        if hit is not None:
-            if hit:
-                self.stats.hits += 1
-                self.stats.fast_hits += fast
-            else:
-                self.stats.misses += 1
-        self.stats.edit_hits += reused
+        if hit is True:
+            self.stats.hits += 1
+            if fast:
+                self.stats.fast_hits += 1
+        elif hit is False:
+            self.stats.misses += 1
+        if reused:
+            self.stats.edit_hits += 1
         if entry is None:
             return
         self.put(dialect, key, entry)
