@@ -82,6 +82,7 @@ from multidict import CIMultiDict
 from proxy import dialects
 from proxy.config import Config
 from proxy.config.redact import redact_url
+from proxy.core.volatile import compile_masks
 from proxy.dialects import anthropic_messages, gemini, jsonbody, openai_chat, openai_responses
 from proxy.edge import capture, connections, forward, relay
 from proxy.edge.capture import CaptureLog
@@ -735,7 +736,7 @@ def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> Non
             body=jsonbody.decode(raw),
             answer=capture.answer_of(upstream_answer) if upstream_answer else None,
             contents=cfg.capture.contents,
-            masks=cfg.progress.compiled(),
+            masks=compile_masks(cfg.progress.masks),
         )
         app[CAPTURE_KEY].write(data)
     except Exception as exc:
