@@ -19,6 +19,7 @@ import pytest
 
 from proxy.config import Config
 from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.progress import same_result
 from proxy.core.transcript import Transcript
 from proxy.core.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, compile_masks
@@ -30,9 +31,7 @@ from tests.helpers.agent_steps import History
 from tests.helpers.rule_helpers import call_at, transcript
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 
 def run(name: str) -> dict[str, Any]:

@@ -183,7 +183,7 @@ def test_bad_masks_fail_naming_the_key(masks: list[str], key: str) -> None:
 
 def test_no_masks_means_byte_identical_results() -> None:
     cfg = build(Config, {"progress": {"masks": []}})
-    assert cfg.progress.compiled().regex is None
+    assert compile_masks(cfg.progress.masks).regex is None
 
 
 @pytest.mark.parametrize("profile", ["dsh-repeat-tool-guard", "dsh-circuit-breaker", "dsh-loop-guard"])
@@ -198,7 +198,7 @@ def test_seed_profiles_compare_arguments_only(profile: str) -> None:
 
 def decide(h: History, config: dict[str, Any] | None = None) -> list[Action]:
     cfg = build(Config, config or {})
-    guards = build_guards(cfg.guards, cfg.progress.compiled())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks))
     return list(decide_request(h.body(), {}, guards, ()).actions)
 
 
@@ -321,7 +321,7 @@ def stop_for(h: History) -> Stop | None:
     from proxy.dialects import openai_chat
 
     t = openai_chat.parse_request(orjson.loads(h.body()))
-    guards = build_guards(cfg.guards, cfg.progress.compiled())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks))
     ctx = Context()
     from proxy.guards import evaluate
 

@@ -14,6 +14,8 @@ import pytest
 
 from proxy.config import Config, EscalationConfig, build
 from proxy.core.actions import Remind, Stop, Withhold
+from proxy.core.effects import effect_rule
+from proxy.core.volatile import compile_masks
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
@@ -40,7 +42,9 @@ def drift(i: int) -> dict[str, Any]:
 def actions(h: History, config: dict[str, Any] | None = None) -> list[Any]:
     cfg = build(Config, config or {})
     t = transcript(h)
-    return evaluate(t, build_guards(cfg.guards, cfg.progress.compiled(), cfg.progress.effects()), Context())
+    return evaluate(
+        t, build_guards(cfg.guards, compile_masks(cfg.progress.masks), effect_rule(cfg.progress)), Context()
+    )
 
 
 def described(h: History, config: dict[str, Any] | None = None) -> list[tuple[int, str, str]]:
@@ -52,7 +56,7 @@ def described(h: History, config: dict[str, Any] | None = None) -> list[tuple[in
 def stop_of(h: History, answer: AssembledCall, config: dict[str, Any] | None = None) -> Stop | None:
     cfg = build(Config, config or {})
     t = transcript(h)
-    guards = build_guards(cfg.guards, cfg.progress.compiled(), cfg.progress.effects())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks), effect_rule(cfg.progress))
     ctx = Context()
     return StopJudge(t, evaluate(t, guards, ctx), guards, ctx, cfg)([answer])
 

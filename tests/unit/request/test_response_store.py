@@ -13,6 +13,7 @@ import pytest
 
 from proxy.config import Config, ResponsesStoreConfig, build
 from proxy.core.actions import Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.dialects import openai_responses
 from proxy.dialects.openai_responses import apply_chained
 from proxy.errors import ConfigError
@@ -36,9 +37,7 @@ from tests.helpers.fakes import repeated_call_messages
 from tests.helpers.responses_items import response_object, responses_body
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 MB = 1024 * 1024
 
 
