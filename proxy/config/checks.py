@@ -90,6 +90,7 @@ def masks(patterns: tuple[str, ...], key: str) -> Iterator[ConfigError]:
             continue
         try:
             compiled = re.compile(pattern)
+            re.compile(mask_alternation([pattern]))  # a global inline flag fails only in a group
         except re.error as e:
             hint = " (inline flags only in scoped form, e.g. (?i:...))" if "flags" in str(e) else ""
             yield ConfigError(f"{key}[{i}]", f"is not a valid regular expression: {e}{hint}")
