@@ -144,7 +144,7 @@ def _ordered(
             yield from typed[loc]
         elif isinstance(k, str) and sections.get(k) is not None and isinstance(v, dict | None):
             key = f"{path}.{k}" if path else k
-            yield from _ordered(sections[k], v or {}, getattr(obj, k), key, typed, loc)  # type: ignore[arg-type]
+            yield from _ordered(sections[k], v or {}, getattr(obj, k), key, typed, loc)
     yield from _value_errors(obj, path)
 
 

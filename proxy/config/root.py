@@ -107,7 +107,8 @@ class Config:
         return out
 
 
-#: The keys a reload cannot change (hot reload, DESIGN §8): the listening socket, the upstream
+#: The keys a reload cannot change (SIGHUP or POST /loop-guard/reload, :mod:`proxy.edge.runtime`):
+#: the listening socket, the upstream
 #: connection pool and its timeouts (:mod:`proxy.edge.server` builds them at start), the stores
 #: sized at start, the state backend's connection, the incident log's file. A reload whose file
 #: changes one of them is rejected, naming the keys (restart to change them).
