@@ -30,8 +30,10 @@ Bool = Annotated[bool, Strict()]
 #: its actions, ``observe`` decides, logs and counts them but changes no byte.
 Mode = Literal["enforce", "observe"]
 
-#: Every section: unknown keys are errors; each field's docstring is its schema description.
-SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+#: Every section: unknown keys are errors. (Each field's docstring is its description in the JSON
+#: Schema, read by :mod:`proxy.config.schema` only: pydantic's ``use_attribute_docstrings`` would
+#: parse the sources at every start, about 100 ms.)
+SECTION = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
