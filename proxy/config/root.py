@@ -109,7 +109,7 @@ class Config:
 
 #: The keys a reload cannot change (SIGHUP or POST /loop-guard/reload, :mod:`proxy.edge.runtime`):
 #: the listening socket, the upstream
-#: connection pool and its timeouts (:mod:`proxy.edge.server` builds them at start), the stores
+#: connection pool and its timeouts (:mod:`proxy.edge.app` builds them at start), the stores
 #: sized at start, the state backend's connection, the incident log's file. A reload whose file
 #: changes one of them is rejected, naming the keys (restart to change them).
 RESTART_ONLY = (
@@ -119,7 +119,7 @@ RESTART_ONLY = (
     "listen",
     "upstream",
     "responses_store",
-    # the prefix cache is sized at start (proxy.edge.server)
+    # the prefix cache is sized at start (proxy.edge.app)
     "prefix_cache.max_bytes_mb",
     "state",
     "guards.circuit_breaker.incident_log",

@@ -1,4 +1,4 @@
-"""Volatile spans of tool results (issue 7): the parts that change between two runs of the same
+"""Volatile spans of tool results: the parts that change between two runs of the same
 call without meaning anything happened — timestamps, clock times, durations, UUIDs, hex ids, PIDs.
 
 :data:`DEFAULT_MASK_PATTERNS` is the documented default list (``guards.progress.masks`` in the
