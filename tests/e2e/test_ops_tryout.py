@@ -1,4 +1,4 @@
-"""A new user's tryout of issue 16 (operations), pinned: ``check-config`` lists every error of a
+"""What an operator reads, as a new user's tryout found it: ``check-config`` lists every error of a
 section; no credential is ever printed in an error or by ``check-config`` (``admin_token``'s
 value, a URL's user info and query values) and an empty ``admin_token`` shows as off; a
 ``capture.path`` whose directory is missing fails at start naming the key, and capture write
