@@ -3,8 +3,8 @@
 #     -e LOOPGUARD_UPSTREAM=http://host.docker.internal:8080/v1 loopguard
 # (--add-host: on Linux host.docker.internal exists only with it; Docker Desktop has it already.
 # The model server must then listen on an address the container reaches, not only 127.0.0.1.)
-# With a model server, Prometheus and Grafana: deploy/docker-compose.yml (README "Deploy with
-# docker compose").
+# With a model server, Prometheus and Grafana: deploy/docker-compose.yml (docs/operations.md,
+# "Deploy with docker compose").
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1

@@ -1,4 +1,4 @@
-"""Message-boundary candidates for the incremental request side (issue 15), measured in one run.
+"""Message-boundary candidates for the incremental request side, measured in one run.
 
 For chat bodies of about 1, 5 and 20 MB (``bench.workloads.history_body``) it times, best of
 ``--rounds``: orjson's full decode (the baseline: what every request pays today), msgspec decoding

@@ -12,7 +12,7 @@ Processes (each its own): a fast fake upstream (``fake_upstream.py``), the load 
 4. ``loopguard``: loopguard with the default guards; every body is a looping conversation, so
    reminders and denials are injected on every request;
 5. ``loopguard-nocache``: the default guards with ``prefix_cache.max_bytes_mb: 0`` (every
-   history read in full, as before issue 15);
+   history read in full, as without the prefix cache);
 6. ``loopguard-uvloop``: the default guards on uvloop (``LOOPGUARD_EVENT_LOOP=uvloop``; every other
    arm, bare included, runs on asyncio's own loop);
 7. ``litellm``: LiteLLM proxy, latest from PyPI, installed into its own venv under
@@ -27,7 +27,7 @@ no tools, no calls), ``stream`` (the small chat
 answered with 64 SSE events 5 ms apart), each at concurrency 1 (latency) and 16 (throughput); then
 body-size scaling (10 KB, 100 KB, 1 MB, 5 MB histories, concurrency 1), the agent session (one
 conversation growing from 10 KB to 5 MB over 120 requests, each the previous one plus the next
-steps, concurrency 1; issue 15) and the memory test
+steps, concurrency 1) and the memory test
 (10,000 requests over 1,000 distinct conversations on fresh loopguard processes, one with the
 default guards and one with every guard on).
 
@@ -78,7 +78,7 @@ ARM_LABELS = {
     "bare": "bare aiohttp proxy",
     "loopguard-off": "loopguard, guards off",
     "loopguard": "loopguard, default guards",
-    "loopguard-nocache": "loopguard, default guards, prefix cache off (before issue 15)",
+    "loopguard-nocache": "loopguard, default guards, prefix cache off (every history read in full)",
     "loopguard-uvloop": "loopguard, default guards, on uvloop",
     "litellm": "LiteLLM proxy",
 }
@@ -604,7 +604,7 @@ class Plan:
     memory_first: int
     memory_total: int
     memory_conversations: int
-    #: the agent session (issue 15): (first body bytes, last body bytes, requests)
+    #: the agent session: (first body bytes, last body bytes, requests)
     session: tuple[int, int, int] = (10 * 1024, 5 * 1024 * 1024, 120)
 
 

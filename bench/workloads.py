@@ -255,7 +255,7 @@ def history_body(target_bytes: int, stream: bool = False, seed: int = 1) -> byte
 
 
 def session_bodies(start_bytes: int, end_bytes: int, requests: int, seed: int = 1) -> list[bytes]:
-    """An agent session (issue 15): one conversation growing from about ``start_bytes`` to about
+    """An agent session: one conversation growing from about ``start_bytes`` to about
     ``end_bytes`` in ``requests`` requests, each the previous one plus the next steps of the
     session (its history cut at the step boundary nearest an even byte spacing; at least one
     step more than the previous request). The history is :func:`history_messages` of

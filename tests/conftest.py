@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.edge.server import start
+from proxy.edge.serve import start
 from tests.helpers.fakes import FakeUpstream, Recorded, looping_handler
 from tests.helpers.proxy_server import proxy_config
 

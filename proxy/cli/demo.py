@@ -22,7 +22,7 @@ from aiohttp import web
 
 from proxy.config import Config, ListenConfig
 from proxy.edge.observe import configure_logging
-from proxy.edge.server import start
+from proxy.edge.serve import start
 
 TOOL_RESULT = "port: 8080\nlog_level: debug\ndatabase_url: postgres://db:5432/app\n"
 ARGS = '{"path": "config.yaml"}'

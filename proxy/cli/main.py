@@ -221,7 +221,7 @@ def event_loop(env: Mapping[str, str]) -> tuple[Callable[[Any], Any], str]:
 def _serve(
     cfg: Config, args: argparse.Namespace, source: str | None, reread: Callable[[], Config] | None = None
 ) -> int:
-    from proxy.edge.server import serve_forever
+    from proxy.edge.serve import serve_forever
 
     configure_logging(args.log_level, args.log_format or default_log_format(), cache=True)
     run, loop_name = event_loop(os.environ)

@@ -1,4 +1,4 @@
-"""``loopguard replay``: captured traffic and fixture conversations through the guards (issue 16).
+"""``loopguard replay``: captured traffic and fixture conversations through the guards.
 
 What it reads (:func:`load`): capture files (``capture.path``, JSON lines, :mod:`proxy.edge.capture`;
 rotated backups ``path.N`` included, oldest first), and fixture files (one JSON object with

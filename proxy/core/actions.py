@@ -16,13 +16,13 @@
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
 
 - :class:`Repair` (response side) rewrote tool calls the model wrote as text into structured
-  calls (issue 13, ``response.repair_text_tool_calls``).
+  calls (``response.repair_text_tool_calls``).
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
 
-``observed`` is True for an action of a rule in observe mode (issue 16,
-:meth:`proxy.config.Config.observed_rules`): decided, logged, counted and recorded like any
+``observed`` is True for an action of a rule in observe mode
+(:meth:`proxy.config.Config.observed_rules`): decided, logged, counted and recorded like any
 other, but not applied (:func:`mark_observed`).
 """
 
@@ -85,7 +85,7 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Repair:
-    """(issue 13) A chat answer's tool calls written as text, rewritten into structured calls.
+    """A chat answer's tool calls written as text, rewritten into structured calls.
     ``tool``: the first call's name; ``count``: how many calls; ``reason``: the markup's form
     (``hermes``, ``xml``; ``mixed`` when both)."""
 

@@ -3,7 +3,7 @@
 Canonical arguments: parse the arguments JSON string (an empty or absent string means ``{}``;
 arguments sent as a JSON object instead of a string are used as they are); invalid JSON stays the
 raw string and is compared as a string. Top-level keys listed in the guard's ``ignore_args`` are
-dropped, but only when the call keeps at least one other argument (issue 10, defect 4): a ``think``
+dropped, but only when the call keeps at least one other argument: a ``think``
 tool whose one argument is ``thought`` must not make every call look the same. ``keep_sole=False``
 drops them even then (the seed dsh-circuit-breaker did). The result is serialized with keys
 sorted recursively, compact separators, non-ASCII kept as is, and floats with integral values

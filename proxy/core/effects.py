@@ -1,4 +1,4 @@
-"""What a tool call may change (issue 10, DESIGN §2.2): "the same call getting the same result,
+"""What a tool call may change (DESIGN §2.2): "the same call getting the same result,
 with nothing in between that could have changed it" is evidence of a loop; a repeat with
 state-changing calls in between (``cp x.orig x`` between fix attempts, ``git diff`` after every
 edit) is not.
@@ -435,8 +435,8 @@ def epochs(
 
 
 class EpochCounter:
-    """:func:`epochs` one call at a time (issue 15: a guard that resumes from a kept state adds
-    only the new calls): :meth:`add` the calls in conversation order, then ask
+    """:func:`epochs` one call at a time (a guard that resumes from a kept state adds only the
+    new calls): :meth:`add` the calls in conversation order, then ask
     :meth:`unchanged` as of :class:`Epochs` (by index in the order added). Mutable; :meth:`copy`
     is independent. Gives exactly what :func:`epochs` gives for the same calls."""
 

@@ -1,4 +1,4 @@
-"""Episodes (issue 10, defect 8): the turns a loop detector counts in.
+"""Episodes: the turns a loop detector counts in.
 
 A user message normally starts a new turn, and rules that count per turn start afresh. But not
 every user message is a new request: a context-compaction summary, a short "continue" / "No" /
@@ -95,7 +95,7 @@ def episodes(transcript: Transcript, rule: ContinuationRule) -> tuple[int, ...]:
 
 
 class EpisodeCounter:
-    """:func:`episodes` one call at a time (issue 15): :meth:`of` the calls in conversation order
+    """:func:`episodes` one call at a time: :meth:`of` the calls in conversation order
     gives each its episode, reading only the user messages before it that it has not read yet.
     Mutable; :meth:`copy` is independent. Gives exactly what :func:`episodes` gives."""
 

@@ -1,4 +1,4 @@
-"""Progress-aware repeats (issue 7): the same call is a *repeat* only when its result is the same
+"""Progress-aware repeats: the same call is a *repeat* only when its result is the same
 as the previous identical call's, after masking volatile spans (:mod:`proxy.core.volatile`). Same
 arguments and a new result is progress (polling a job whose status changes, paging a growing
 output), not repetition.
@@ -110,7 +110,7 @@ class RepeatJudge:
     with its key was one, or was the first with that key. :meth:`forget` drops every key (a caller
     that wants comparisons not to cross a user message calls it there).
 
-    With ``epochs`` (:func:`proxy.core.effects.epochs`, issue 10) a call is a repeat only when, in
+    With ``epochs`` (:func:`proxy.core.effects.epochs`) a call is a repeat only when, in
     addition, nothing between the previous call with its key and itself changed the situation
     (``index`` is the call's ``seq``): the same result after an edit is not evidence of a loop.
 

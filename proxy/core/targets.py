@@ -14,7 +14,7 @@ among wildcard patterns the first listed wins. ``my_tool: []`` gives that tool n
 
 A tool whose ``command`` argument is its own command line (SWE-agent: ``edit {"command": "edit
 264:265\n…"}``, ``open {"command": "open a.py 232"}``) has the first line of it, line numbers and
-ranges dropped, as target (issue 10): ``edit``, ``open a.py``. Retried edits of the open file are
+ranges dropped, as target: ``edit``, ``open a.py``. Retried edits of the open file are
 calls on one target whatever lines they name; the text being written is not part of it.
 
 A target taken from a ``command`` or ``cmd`` argument is a *command target*; its
@@ -93,7 +93,7 @@ def command_words(command: str) -> frozenset[str]:
 
 
 def subcommand(arguments: Any) -> str | None:
-    """The subcommand of a multiplexed tool (issue 10, defect 6): ``str_replace_editor
+    """The subcommand of a multiplexed tool: ``str_replace_editor
     {"command": "view", "path": "a.py"}`` → ``"view"``. The value of the first of
     :data:`SUBCOMMAND_ARGS` that is one short lower-case word, in a call that also names what it
     acts on with another target argument (``path``, ``file``, …; so ``bash {"command": "ls"}`` has

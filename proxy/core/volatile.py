@@ -1,4 +1,4 @@
-"""Volatile spans of tool results (issue 7): the parts that change between two runs of the same
+"""Volatile spans of tool results: the parts that change between two runs of the same
 call without meaning anything happened — timestamps, clock times, durations, UUIDs, hex ids, PIDs.
 
 :data:`DEFAULT_MASK_PATTERNS` is the documented default list (``guards.progress.masks`` in the
@@ -34,7 +34,7 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     # process ids: pid 4242, PID: 4242, pid=4242, and process group ids: Gemini CLI ends every
     # shell result with "Process Group PGID: 4242"
     r"(?i:\bp(?:g)?id\b[\s:=#]*\d+)",
-    # line numbers and counts that shift when a file is edited above them (issue 10, defect 7):
+    # line numbers and counts that shift when a file is edited above them:
     # "(90 lines total)", "(216 more lines above)", a traceback's `File "x.py", line 19` and
     # `(x.py, line 5)`, "error at/on line 5", a linter's `x.py:12:5:`. What the line says is never
     # masked (a different error or line of code is still a new result), nor is a bare "line N"
@@ -45,7 +45,7 @@ DEFAULT_MASK_PATTERNS: tuple[str, ...] = (
     r"(?<= at line )\d+\b",
     r"(?<= on line )\d+\b",
     r"(?<=\.py:)\d+(?=:\d+:)",
-    # ids an agent harness writes around every tool result (issue 11, Codex CLI 0.171's
+    # ids an agent harness writes around every tool result (Codex CLI 0.171's
     # exec_command output): "Chunk ID: 3f9a0c" (6 random hex digits, new on every call) and
     # "Process running with session ID 50343"
     r"(?<=Chunk ID: )[0-9a-f]+\b",

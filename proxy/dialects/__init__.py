@@ -13,7 +13,7 @@ words, so at most one matches a path and the order of the registry does not matt
 string is never part of the path.
 
 Chat and Responses read tool calls written as text in assistant messages
-(:mod:`proxy.dialects.text_calls`, issue 13) as steps like structured ones.
+(:mod:`proxy.dialects.text_calls`) as steps like structured ones.
 """
 
 from __future__ import annotations

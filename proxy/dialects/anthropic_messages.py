@@ -1,4 +1,4 @@
-"""Anthropic Messages dialect, request side (``POST /v1/messages``, also ``?beta=true``; issue 12).
+"""Anthropic Messages dialect, request side (``POST /v1/messages``, also ``?beta=true``).
 
 Reads ``messages`` (each ``role`` user or assistant; ``content`` a string or blocks).
 ``system`` is top level and not part of the history (the conversation key reads it,
@@ -148,7 +148,7 @@ def parse_request(body: Any) -> Transcript:
 
 
 class Fold(FoldState):
-    """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
+    """The transcript of a message list read one message at a time: :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
     a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
 

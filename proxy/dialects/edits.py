@@ -1,4 +1,4 @@
-"""Request-side actions written into a body as byte edits, for every dialect (issue 14, item 6).
+"""Request-side actions written into a body as byte edits, for every dialect.
 
 A dialect describes where its history lives and how a reminder looks (:class:`Wire`); :func:`apply`
 does the rest. Only the edited spans change (:func:`proxy.dialects.jsonbody.splice`): every other byte,
@@ -151,7 +151,7 @@ EDIT_BYTES = 128
 @dataclass(frozen=True, slots=True)
 class Kept:
     """The edits one request made for its actions on the items before ``cut`` (a position), kept
-    for the next request of its conversation (issue 15, :mod:`proxy.request.prefix_cache`).
+    for the next request of its conversation (:mod:`proxy.request.prefix_cache`).
     ``actions``: those actions (withholds and reminders at ``0 <= position < cut``), in order.
     ``edits``: (position, start, end, replacement), byte offsets in that request's body, whose
     first history item started at byte ``base``. Valid for a request whose history has the same

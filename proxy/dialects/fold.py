@@ -1,4 +1,4 @@
-"""The parse state every dialect's ``Fold`` keeps (issue 15): what :func:`proxy.core.transcript.build`
+"""The parse state every dialect's ``Fold`` keeps: what :func:`proxy.core.transcript.build`
 takes, gathered one history item at a time, and an independent copy of it for the prefix cache
 (:mod:`proxy.request.prefix_cache`). A dialect subclasses :class:`FoldState`, adds its own
 ``feed`` (through :meth:`FoldState.new_step`, :meth:`~FoldState.new_call`,

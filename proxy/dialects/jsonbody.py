@@ -1,7 +1,7 @@
 """A JSON request body as bytes: read it even where orjson cannot, and edit it in place.
 
 Reading (:func:`decode`): orjson first (fast); what orjson refuses but is still JSON is read with
-the standard library (issue 14, item 5): lone surrogates written as escapes (``"\\udcff"``, which
+the standard library: lone surrogates written as escapes (``"\\udcff"``, which
 Python's ``json.dumps`` produces), numbers beyond float range (``1e400`` reads as ``inf``).
 Nesting deeper than either decoder's limit (orjson: 1,024 levels; ``json``: about 1,000) is read
 member by member: a top-level member too deep to decode becomes :data:`TOO_DEEP` (the guards never
@@ -13,7 +13,7 @@ reads them (float ``nan``, ``inf``, ``-inf``), and since a rewrite splices bytes
 upstream as the agent wrote them.
 
 Editing (:func:`splice`): the body that goes upstream is the original bytes with only the edited
-spans replaced (issue 14, item 6). Re-serializing a decoded body would change what the guards never
+spans replaced. Re-serializing a decoded body would change what the guards never
 touched: integers past 64 bits became floats, number text (``1.0``, ``1E5``) and whitespace were
 rewritten. :func:`value_end`, :func:`members` and :func:`items` find byte spans with a few regular
 expressions and a bracket counter, no recursion (no depth limit). They assume valid JSON: call them

@@ -11,7 +11,7 @@ parts becomes that string); reminders become one ``user`` message per step inser
 step's last tool result, or are appended to that result (``tool_suffix``). Several reminders for
 one step are merged into one message, texts joined by a blank line, in action order.
 
-Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`): an assistant message
+Tool calls written as text (:mod:`proxy.dialects.text_calls`): an assistant message
 without structured calls whose content (a string, or its text parts joined) holds complete call
 blocks is a step with those calls (no ids; their text is what comes before the first block). Only
 the offered ``tools`` are calls when the request has ``tools``; without ``tools`` (agents that read
@@ -69,7 +69,7 @@ def parse_request(body: Any) -> Transcript:
 
 
 class Fold(FoldState):
-    """The transcript of a message list read one message at a time (issue 15): :func:`parse_request`
+    """The transcript of a message list read one message at a time: :func:`parse_request`
     is ``feed`` over every message then ``finish``. :meth:`copy` keeps the state after a prefix, so
     a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
 
@@ -111,7 +111,7 @@ class Fold(FoldState):
             acted = None
             if not entries and ("<tool_call>" in text or "<function=" in text):
                 written = text_calls.find_calls(text, self.tools)
-            if written is not None:  # calls written as text (issue 13)
+            if written is not None:  # calls written as text
                 entries = [(None, c.name, c.arguments) for c in written.calls]
                 text = written.text
                 if self.texts and self.texts[-1] == pos and not text.strip():

@@ -1,4 +1,4 @@
-"""OpenAI Responses dialect, request side (``POST /v1/responses``; issue 11).
+"""OpenAI Responses dialect, request side (``POST /v1/responses``).
 
 Reads ``input``: a string (one user message: nothing to guard) or a list of items. Positions are
 indexes into that list.
@@ -12,7 +12,7 @@ indexes into that list.
   the run of call items between other items (``reasoning`` items inside the run do not split it).
 - ``function_call_output`` / ``custom_tool_call_output`` (``call_id``, ``output`` a string or
   parts) are results, matched by ``call_id`` (the first call still waiting with that id).
-- Tool calls written as text (issue 13, :mod:`proxy.dialects.text_calls`) in an assistant
+- Tool calls written as text (:mod:`proxy.dialects.text_calls`) in an assistant
   ``message`` item's text are a step of their own at that item, read as the chat dialect reads
   them (:mod:`proxy.dialects.openai_chat`): results in a user ``message`` item made only of
   ``<tool_response>`` blocks (no turn), a withhold replacing the text inside its block (the item's
@@ -99,7 +99,7 @@ def parse_request(body: Any) -> Transcript:
 
 
 class Fold(FoldState):
-    """The transcript of an item list read one item at a time (issue 15): :func:`parse_request`
+    """The transcript of an item list read one item at a time: :func:`parse_request`
     is ``feed`` over every item then ``finish``. :meth:`copy` keeps the state after a prefix, so a
     request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
 
@@ -156,7 +156,7 @@ class Fold(FoldState):
             written = None
             if "<tool_call>" in text or "<function=" in text:
                 written = text_calls.find_calls(text, self.tools)
-            if written is not None:  # calls written as text (issue 13): a step of their own
+            if written is not None:  # calls written as text: a step of their own
                 text = written.text
                 self.new_step(pos, text=True)
                 for c in written.calls:

@@ -1,4 +1,4 @@
-"""Tool calls written as text in an assistant message (issue 13): pure parsing, no I/O.
+"""Tool calls written as text in an assistant message: pure parsing, no I/O.
 
 A local Qwen server whose tool parser misses a call (no or the wrong ``--tool-call-parser`` in
 vLLM, SGLang without one, llama.cpp without ``--jinja``, a call emitted inside ``<think>``) sends

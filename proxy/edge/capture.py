@@ -1,4 +1,4 @@
-"""Capture of guarded requests for ``loopguard replay`` (issue 16; config ``capture.*``).
+"""Capture of guarded requests for ``loopguard replay`` (config ``capture.*``).
 
 One JSON line per guarded request (chat completions, and Responses requests that send their whole
 ``input``; a ``previous_response_id`` request is captured with ``"chained": true`` and no items,

@@ -1,4 +1,4 @@
-"""The agent's connections (issue 14, items 1 and 9): timeouts, a connection limit, half-close.
+"""The agent's connections: timeouts, a connection limit, half-close.
 
 aiohttp's server protocol (:class:`aiohttp.web_protocol.RequestHandler`) gives, out of the box:
 a connection that sends nothing, or only part of its headers, is closed after

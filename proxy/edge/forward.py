@@ -1,10 +1,10 @@
-"""Upstream I/O: URL mapping, header filtering, and relaying responses chunk by chunk.
+"""Where a request goes upstream and with which headers: URL mapping and header filtering.
 
 - ``/v1/<rest>`` goes to ``<upstream base>/<rest>``; any other path to the upstream's origin with
   the same path; the query string is kept as sent (DESIGN §3). A query on the upstream base URL
   itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with every request: its
   parameters first, then the request's query as sent; a parameter the request names itself is the
-  request's (issue 14, item 8).
+  request's (the agent's choice wins, as it would talking to the upstream directly).
 - Hop-by-hop headers (RFC 9110 §7.6.1, plus any named in ``Connection``) are dropped both ways;
   everything else, ``Authorization`` included, passes untouched.
 - Bodies are relayed as bytes: the upstream session does not decompress, and adds no
@@ -37,6 +37,10 @@ HOP_BY_HOP = frozenset(
 
 #: Headers aiohttp's client would add on its own; skipped so the upstream sees only the agent's.
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+#: The longest request line and header line accepted, both ways (bytes): aiohttp's 8,190 turned
+#: long ``Authorization`` tokens and cookies that upstreams accept into 400s.
+HEADER_LIMIT = 64 * 1024
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,8 +102,7 @@ def upstream_url(base: str, raw_path: str) -> str:
 #: What a request to the upstream never carries: hop-by-hop headers plus Host and Content-Length
 #: (aiohttp sets both for the upstream), and Expect: the proxy answers an agent's
 #: ``Expect: 100-continue`` itself (aiohttp's server sends the 100 when the body is read), and an
-#: upstream that never sends 100 would otherwise wait for a body the proxy holds back (issue 14,
-#: item 2).
+#: upstream that never sends 100 would otherwise wait for a body the proxy holds back.
 REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
 
 

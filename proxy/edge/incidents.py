@@ -20,7 +20,7 @@ append mode, written and closed per line, so every line is flushed (and log rota
 A failed write (missing directory, permissions, full disk) is logged once, without content, and
 counted in ``write_errors``; it never reaches the request path.
 
-Several replicas (``state.backend: redis://…``, issue 16): the writer first claims ``(agent,
+Several replicas (``state.backend: redis://…``): the writer first claims ``(agent,
 kind)`` through ``claim`` (:meth:`proxy.edge.shared_state.SharedState.claim`, one ``SET NX``) and
 writes the line only when this replica won it, so the replicas' logs together hold one line per
 conversation and kind (a retry sent to another replica included). The claim happens in the
@@ -54,7 +54,7 @@ class Incident:
     count: int
     limit: int | None
     agent: str
-    #: ``observe`` when the action was observed, not applied (issue 16)
+    #: ``observe`` when the action was observed, not applied
     mode: str = "enforce"
 
     def as_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Series: ``loopguard_requests_total``, ``loopguard_guarded_requests_total``,
 ``loopguard_nothing_to_guard_total`` (guarded requests with no tool call, result or offered tool:
 no guard ran, :mod:`proxy.request.plain`), ``loopguard_rewritten_requests_total``,
 ``loopguard_actions_total{rule,kind,mode}`` (fresh
-actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones, issue 16),
+actions; ``mode`` ``enforce`` for applied ones, ``observe`` for observed ones),
 ``loopguard_unguarded_requests_total{reason}`` (chat and Responses requests the guards could not
 read: ``not_json``, ``nesting``, ``not_chat``, ``content_encoding``, and
 ``unknown_previous_response``: a ``previous_response_id`` loopguard does not hold,
@@ -21,7 +21,7 @@ before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-s
 calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
 ``loopguard_capture_write_errors_total`` (capture lines that could not be written),
 ``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
-calls, written as text and repaired: issue 13), and
+calls, written as text and repaired), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
 ``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),

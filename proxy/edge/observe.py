@@ -46,7 +46,7 @@ def _dumps(obj: Any, **_: Any) -> str:
 
 
 class _WithoutContent(logging.Filter):
-    """aiohttp's own server log, told without what the agent sent (issue 14, item 3): its
+    """aiohttp's own server log, told without what the agent sent: its
     records (a malformed request line or header, a bad chunked body, an error in a handler) carry
     tracebacks that quote the raw bytes — an ``Authorization`` header, message content. Each
     record becomes one structlog line with the error's type and HTTP status only (``bad_request``
@@ -64,7 +64,7 @@ class _WithoutContent(logging.Filter):
         return False
 
 
-#: The logger handed to aiohttp's server (``proxy.edge.server.start``): nothing it is given leaves
+#: The logger handed to aiohttp's server (``proxy.edge.serve.start``): nothing it is given leaves
 #: except through :class:`_WithoutContent`.
 SERVER_LOG = logging.getLogger("loopguard.aiohttp")
 SERVER_LOG.propagate = False
@@ -118,7 +118,7 @@ def configure_logging(level: str = "info", fmt: str = "json", cache: bool = Fals
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
     has one (withhold, stop, cut; a repair's markup form), ``applied: false`` for a cut only
-    reported, and ``mode: "observe"`` for an observed action (issue 16; no texts)."""
+    reported, and ``mode: "observe"`` for an observed action (no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
     if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
@@ -136,7 +136,7 @@ class Stats:
     ``withhold_kinds``: fresh withholds per ``reason`` (``duplicate``, ``cap``). ``incidents``: the
     newest :data:`RECENT_INCIDENTS` incident records (:mod:`proxy.edge.incidents`), oldest first.
 
-    Observe mode (issue 16): ``per_rule`` counts every fresh action, applied or observed (what
+    Observe mode: ``per_rule`` counts every fresh action, applied or observed (what
     enforce mode would count), ``observed_per_rule`` the observed ones (flat mappings, so that
     replicas' counters add up key by key); ``per_action`` is keyed ``(rule, kind, mode)``;
     ``reminders_injected``, ``results_withheld``, ``stops``, ``responses_cut`` and
@@ -155,7 +155,7 @@ class Stats:
     #: response side: turns ended (Stop), responses cut (runaway / degenerate text, applied ones)
     stops: int = 0
     responses_cut: int = 0
-    #: answers whose calls written as text were repaired, and those calls (issue 13)
+    #: answers whose calls written as text were repaired, and those calls
     responses_repaired: int = 0
     text_calls_repaired: int = 0
     internal_errors: int = 0
@@ -166,7 +166,7 @@ class Stats:
     per_rule: Counter[str] = field(default_factory=Counter)
     #: fresh actions per (rule, kind, mode), for the Prometheus ``loopguard_actions_total`` series
     per_action: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    #: fresh observed actions per kind (issue 16)
+    #: fresh observed actions per kind
     observed: Counter[str] = field(default_factory=Counter)
     withhold_kinds: Counter[str] = field(default_factory=Counter)
     #: chat and Responses requests forwarded without guards, per reason (``RequestDecision.unguarded``)

@@ -103,7 +103,7 @@ class ResponseSide:
     wire: str = "chat"
     actions: list[Action] = field(default_factory=list)
     #: the agent has the whole answer (the stream said how it ended): an agent that hangs up now
-    #: is done, not gone (issue 14, item 12)
+    #: is done, not gone
     delivered: bool = False
     #: called once with the answer the agent gets, before its last bytes are written (Responses);
     #: what it returns, when awaitable (the shared store's write), is awaited by :meth:`settle`
@@ -111,9 +111,9 @@ class ResponseSide:
     #: what ``observe`` reads with
     capture: ResponseCapture | None = None
     pending: Awaitable[None] | None = None
-    #: calls written as text are repaired (chat answers to requests that offered tools; issue 13)
+    #: calls written as text are repaired (chat answers to requests that offered tools)
     repair: Repairer | None = None
-    #: the observed part of the response side (issue 16), reading the same bytes, changing none
+    #: the observed part of the response side, reading the same bytes, changing none
     shadow: Shadow | None = None
     #: the upstream's answer for the capture (``capture.path``, chat only): SSE assembled, JSON whole
     tap: Assembly | bytearray | None = None
@@ -188,7 +188,7 @@ def _encoding(upstream: aiohttp.ClientResponse) -> str | None:
 
 
 class Shadow:
-    """The observed part of the response side (issue 16, ``mode: observe``): it reads the bytes
+    """The observed part of the response side (``mode: observe``): it reads the bytes
     the agent gets unchanged (an SSE body chunk by chunk through its own stream guard, a JSON
     body whole at the end) and decides what enforcing would (a stop with every request action
     and every guard, the cuts when ``response.mode`` is observed), but holds, changes and aborts
@@ -299,7 +299,7 @@ def _plan(
     else:
         return None
     encoding = _encoding(upstream)
-    # observe mode (issue 16): what is enforced runs as before; what is observed runs in a shadow
+    # observe mode: what is enforced runs as before; what is observed runs in a shadow
     transcript = decision.transcript if decision is not None else None
     ctx = Context(conversation=decision.conversation if decision else "", now_ms=int(time.time() * 1000))
     checkpoint = decision.checkpoint if decision is not None else None
@@ -311,7 +311,7 @@ def _plan(
     d = deciders(transcript, decision.actions if decision else (), guards, ctx, cfg, checkpoint, lazy)
     enforce_cfg, judge = d.cfg, d.judge
     fix = shadow_fix = None
-    if wire == "chat" and decision is not None:  # tool calls written as text (issue 13)
+    if wire == "chat" and decision is not None:  # tool calls written as text
         fix = repair.for_request(enforce_cfg, transcript, decision.body)
         shadow_fix = repair.for_request(d.shadow_cfg, transcript, decision.body)
     # what can apply to this answer: the repair of calls written as text only with a repairer
@@ -360,8 +360,7 @@ def _cuts(cfg: Config) -> bool:
 class IncompleteStream(aiohttp.ClientPayloadError):
     """The upstream's event stream ended without a ``finish_reason`` and without ``[DONE]`` (an
     empty 200 stream included, as llama-cpp-python sends when it rejects a streaming tool choice):
-    the answer stopped short, so the agent's stream ends with the error event, not as a success
-    (issue 14, item 11)."""
+    the answer stopped short, so the agent's stream ends with the error event, not as a success."""
 
 
 def failed(stats: Stats, where: str, exc: Exception) -> None:

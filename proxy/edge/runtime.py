@@ -1,8 +1,8 @@
-"""Hot reload (issue 16): what a request decides with, and how a reload replaces it.
+"""Hot reload: what a request decides with, and how a reload replaces it.
 
 A :class:`Runtime` is the config plus what is built from it (the guards, the memory glue for
 them). The server holds the current one in a :class:`Live`; each request takes the current one
-when it starts and keeps it to its end (``proxy.edge.server._rt``), so a request in flight
+when it starts and keeps it to its end (:func:`proxy.edge.keys.runtime_of`), so a request in flight
 finishes under the config it started with while later requests get the new one.
 
 :func:`reload` (``SIGHUP``, ``POST /loop-guard/reload``) re-reads the config through the

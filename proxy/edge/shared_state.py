@@ -1,4 +1,4 @@
-"""The state replicas share, at the edge (issue 16): the Redis backend and the fail-open wrapper
+"""The state replicas share, at the edge: the Redis backend and the fail-open wrapper
 around any :class:`proxy.request.shared.Backend`.
 
 :class:`SharedState` is what the server uses. With ``state.backend: memory`` (the default) every

@@ -63,8 +63,8 @@ def build_guards(
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
-    issue-7 rules, ``waiting`` (a long wait's reminder), and last ``escalation`` (it reads the
-    reminders of the guards before it).
+    rules beyond exact repeats (DESIGN §6.5), ``waiting`` (a long wait's reminder), and last
+    ``escalation`` (it reads the reminders of the guards before it).
     ``masks``: the compiled ``progress.masks``; ``effects``: the ``progress`` effect rule
     (:mod:`proxy.core.effects`); ``continuations``: which user messages do not start a new episode
     (:mod:`proxy.core.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
@@ -85,7 +85,7 @@ def build_guards(
         (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, situations)),
         (turn.enabled, lambda: TurnGuard(turn, situations)),
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
-        # issue 7: beyond exact repeats (reminders use repeat_reminder's inject_as; targets and
+        # beyond exact repeats, DESIGN §6.5 (reminders use repeat_reminder's inject_as; targets and
         # failures as turn_guard defines them)
         (
             cfg.recurrence.enabled,
@@ -103,7 +103,7 @@ def build_guards(
             lambda: SameTarget(cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args),
         ),
         (cfg.waiting.enabled, lambda: Waiting(cfg.waiting, inject, situations)),
-        # issue 10: last, because it reads the reminders of every guard before it
+        # escalation last, because it reads the reminders of every guard before it
         (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
     ]
     guards = tuple(make() for enabled, make in registry if enabled)
@@ -118,7 +118,7 @@ def evaluate(
     """Run every guard over ``transcript``; their actions concatenated in registry order. A guard
     with ``reads_prior = True`` gets ``ctx.prior`` plus the actions of the guards before it.
 
-    ``observed``: the rule names in observe mode (issue 16). A guard that reads prior actions
+    ``observed``: the rule names in observe mode. A guard that reads prior actions
     and is itself enforced reads only the applied ones (those of rules not in ``observed``): an
     enforced escalation never counts reminders the model was not given, so what it says is true.
     An observed one reads them all: it reports what enforcing every rule would do. Marking the

@@ -13,19 +13,18 @@ Rules:
   - ``duplicate``: when ``duplicate_limit`` calls with its canonical key (DESIGN §5, with
     ``ignore_args`` dropped) are already among the last ``window`` executed calls.
   The cap is checked first, so once it is reached every later denial is of kind ``cap``.
-- ``progress_aware`` (issue 7): a call whose key was seen before counts as a duplicate only when
+- ``progress_aware``: a call whose key was seen before counts as a duplicate only when
   its result equals the previous result for that key after masking volatile spans
   (:mod:`proxy.core.progress`); a new result is progress: the call runs and is not counted (it does not
   enter the duplicate count; it still counts towards the lifetime cap). A call whose result has not
   arrived is judged by the previous pair. So only results identical to one the model already has
   are ever withheld as duplicates. A repeat counts only when nothing between it and the previous
-  call with its key changed the situation (issue 10, :mod:`proxy.core.effects`): a routine call repeated
+  call with its key changed the situation (:mod:`proxy.core.effects`): a routine call repeated
   across a session full of edits (``cp x.orig x`` between fix attempts) is progress, not a loop.
   A result unlike every one of the last :data:`NOVEL_AMONG` different results for the key (a job
   polled with one command whose output moves on) also clears the key's duplicates counted so far:
   polling a build that advances every few polls is never withheld, while a loop that alternates
-  between results it already had keeps counting (found by a new user's Claude Code tryout,
-  issue 12).
+  between results it already had keeps counting (found by a new user's Claude Code tryout).
 - ``ignore_args`` are dropped only while the call keeps another argument (a ``think`` tool whose
   one argument is ``thought`` is compared by it); ``ignore_sole_args`` drops them even then (the
   seed).

@@ -1,4 +1,4 @@
-"""cycles (R5, issue 7): the turn's calls going round a cycle of 2-5 steps — reminder, then
+"""cycles (DESIGN §6.5): the turn's calls going round a cycle of 2-5 steps — reminder, then
 withhold.
 
 Rules:

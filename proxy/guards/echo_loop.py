@@ -1,4 +1,4 @@
-"""echo_loop (issue 7, fixture T3): the same command template re-run with only quoted literals
+"""echo_loop (fixture T3): the same command template re-run with only quoted literals
 changed, while its output just echoes them back — advisory.
 
 Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.episodes`):

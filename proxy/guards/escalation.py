@@ -1,4 +1,4 @@
-"""escalation (issue 10, defect 11; DESIGN §2.2): reminders the model ignores lead somewhere.
+"""escalation (DESIGN §2.2): reminders the model ignores lead somewhere.
 
 Rules, per episode (:mod:`proxy.core.episodes`: the calls after a new request; a "continue" or a
 compaction summary does not start one, because the loop rules whose reminders the ladder counts go
@@ -21,13 +21,12 @@ bottom of the ladder):
   arguments in its errors, :func:`proxy.core.agents.failure_shape`) is nothing new. A new result also sets
   the count back: only reminders placed after the last new result on that target count (a job
   polled with one command, whose output moves on every few polls, gets its "same result"
-  reminders between the moves, and is never withheld; found by a new user's Claude Code tryout,
-  issue 12). A call whose result is
-  not known yet (the response side's look-ahead) counts as nothing new only when the previous call
-  on that target got nothing new and this one repeats it with at most small changes to its
-  arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher`
-  ratio over their first :data:`SIMILAR_CHARS` characters): a drifting repeat, not a new approach
-  (a rewritten edit of the same file is a new approach and is not stopped). A cancelled call
+  reminders between the moves, and is never withheld; found by a new user's Claude Code tryout). A call
+  whose result is not known yet (the response side's look-ahead) counts as nothing new only when the
+  previous call on that target got nothing new and this one repeats it with at most small changes to its
+  arguments (canonical arguments at least :data:`SIMILAR` alike, :class:`difflib.SequenceMatcher` ratio
+  over their first :data:`SIMILAR_CHARS` characters): a drifting repeat, not a new approach (a rewritten
+  edit of the same file is a new approach and is not stopped). A cancelled call
   (:func:`proxy.core.failures.cancelled`: it never ran) is neither: never withheld, and it neither
   adds a result nor counts as progress.
 - This is what ends loops whose arguments drift (a small model's escaping noise, reminder text

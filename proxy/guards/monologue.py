@@ -1,9 +1,9 @@
-"""monologue (R6, issue 7): the model saying the same thing over and over — reminder, then the
+"""monologue (DESIGN §6.5): the model saying the same thing over and over — reminder, then the
 response side stops the turn.
 
 Rules (over the user and assistant messages of the whole conversation, in order; user messages
 do not reset, because harnesses answer a reply they dislike with a user message):
-- Never in a conversation without tool calls (issue 10, defect 3): plain chat where a user types
+- Never in a conversation without tool calls: plain chat where a user types
   "continue" for the next chapter is not a loop.
 - **Same text**: an assistant message's text, whitespace-normalized (runs of whitespace → one
   space, trimmed), equal to the text of the previous assistant message, *and nothing new came

@@ -1,4 +1,4 @@
-"""narration: ask a silently working agent to tell the user where it is (DESIGN §6.3, issue 4).
+"""narration: ask a silently working agent to tell the user where it is (DESIGN §6.3).
 
 Part of ``guards.turn_guard``'s configuration (``narrate_after_ms``, ``narrate_every_ms``), but a
 rule of its own: it reads time, which the history does not carry. Times come from

@@ -1,4 +1,4 @@
-"""recurrence (R2, issue 7): the same call recurring within a window of a turn — advisory.
+"""recurrence (DESIGN §6.5): the same call recurring within a window of a turn — advisory.
 
 Rules:
 - Per turn (calls after a user message), calls are keyed by tool and canonical arguments

@@ -7,9 +7,9 @@ Rules:
   ``exclude`` removes. Untracked calls are transparent (neither count nor reset the chain).
 - The chain counts consecutive tracked calls with the same canonical key (DESIGN §5, with
   ``ignore_args`` dropped); a different key restarts it at 1; a user message resets it — with
-  ``progress_aware``, only a new request does (issue 10, :mod:`proxy.core.episodes`: the same call
+  ``progress_aware``, only a new request does (:mod:`proxy.core.episodes`: the same call
   with the same result after "continue" or a compaction summary goes on with the chain).
-- ``progress_aware`` (issue 7): a call with the same key continues the chain only when its result
+- ``progress_aware``: a call with the same key continues the chain only when its result
   equals the previous call's after masking volatile spans (:mod:`proxy.core.progress`); a new result is
   progress and restarts the chain at 1, and so does a call after another (untracked) call that
   changed the situation (:mod:`proxy.core.effects`). A call whose result has not arrived is judged by

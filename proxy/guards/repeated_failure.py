@@ -1,4 +1,4 @@
-"""repeated_failure (R4, issue 7): failing the same way again — advisory.
+"""repeated_failure (DESIGN §6.5): failing the same way again — advisory.
 
 Rules, per turn (calls after a user message):
 - **Failing on one target**: a tool on one target (:mod:`proxy.core.targets`; a call without a target
@@ -16,11 +16,11 @@ Rules, per turn (calls after a user message):
   situation (:mod:`proxy.core.effects`) → a reminder at the first such occurrence (not again while
   the failures of that exact call go on; ``count`` is the call's number in that run).
   Re-running a failed command after an edit is exactly what an agent should do: it is never
-  reminded (issue 10, defect 1), and the text only claims what held: same arguments, nothing
+  reminded, and the text only claims what held: same arguments, nothing
   changed, the same result.
 - A multiplexed tool's subcommand is part of what a call is on (:func:`proxy.core.targets.subcommand`):
   a successful ``str_replace_editor view`` of a file does not reset the failures of the
-  ``str_replace`` edits on it (issue 10, defect 6).
+  ``str_replace`` edits on it.
 - One reminder per call (the re-issue text wins), after the call's step.
 """
 

@@ -1,4 +1,4 @@
-"""Guards that resume from a kept state (issue 15): a request costs what its new steps cost.
+"""Guards that resume from a kept state: a request costs what its new steps cost.
 
 An agent sends its whole history on every step, and a guard that reads the whole transcript on
 every request does work that grows with the history. A *resumable* guard keeps what it has

@@ -1,4 +1,4 @@
-"""same_target (R3, issue 10): the same tool on the same target, again and again, with arguments
+"""same_target: the same tool on the same target, again and again, with arguments
 that change but a result that does not — advisory (the escalation ladder acts on it).
 
 Exact repeats are ``repeat_reminder``'s; this rule sees the loops whose arguments drift (a small
@@ -24,7 +24,7 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.epis
   not all one call (its arguments differ at least once, compared as ``repeat_reminder`` compares
   them: without its ``ignore_args``; identical runs are left to it, so a run whose calls differ
   only in a ``description`` never gets both reminders, which would contradict each other: found by
-  a new user's Claude Code tryout, issue 12). A result not known yet (the response side's
+  a new user's Claude Code tryout). A result not known yet (the response side's
   look-ahead) is judged by the previous pair.
 - The reminder goes after the step, so it is decided at the step's last call: a threshold reached
   earlier in the step (parallel calls) is reminded about then, with the run's length and last

@@ -1,5 +1,5 @@
 """turn_guard: a per-turn ledger that withholds results and tells the model to talk to the user
-(DESIGN §6.3, issue 4).
+(DESIGN §6.3).
 
 Seed: dsh-loop-guard (6 calls on one target, 3 identical calls, 5 failures in a row, 40 calls per
 turn). It catches what exact-repeat rules miss: the *rewrite loop* (edit a script, run it, edit it
@@ -12,7 +12,7 @@ Rules:
 - A call *trips* when, counting it,
   - ``same_call``: it is at least the ``max_same_call``-th call in the turn with its canonical key
     (DESIGN §5; the free-text fields of :data:`~proxy.config.DEFAULT_IGNORE_ARGS` dropped);
-    repeats need not be consecutive. With ``progress_aware`` (issue 7) a call counts only when its
+    repeats need not be consecutive. With ``progress_aware`` a call counts only when its
     result equals the previous result of that call in the turn after masking volatile spans
     (:mod:`proxy.core.progress`; a result not arrived yet is judged by the previous pair): polling a job
     whose status changes is progress, not a repeat;

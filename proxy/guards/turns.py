@@ -1,5 +1,5 @@
-"""Helpers shared by the issue-7 rules: a transcript's calls split into turns, and a reminder
-placed after a step's results. Pure."""
+"""Helpers shared by the rules beyond exact repeats (DESIGN §6.5): a transcript's calls split
+into turns, and a reminder placed after a step's results. Pure."""
 
 from __future__ import annotations
 

@@ -7,5 +7,5 @@ SSE), ``messages_stream`` (an Anthropic Messages answer, JSON and SSE), ``gemini
 Gemini API answer, JSON and ``alt=sse``), ``assemble`` (tool-call
 deltas into calls), ``degenerate``, ``sse`` (the SSE framer),
 ``as_stream`` (a non-streaming request sent upstream as a stream), ``repair`` (tool calls the
-model wrote as text, rewritten into structured calls: issue 13).
+model wrote as text, rewritten into structured calls).
 """

@@ -11,7 +11,7 @@
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
   - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
     (kind ``cap``).
-  - (issue 7) the response's text (with or without calls) would make ``guards.monologue.stop_at``
+  - the response's text (with or without calls) would make ``guards.monologue.stop_at``
     assistant messages in a row with the same text (kind ``monologue``; the request-side rule's own
     count, :meth:`proxy.guards.monologue.Monologue.stop_count`, no guard run needed). A text-only
     answer is only looked at when the history already ends in ``stop_at - 1`` such messages
@@ -30,7 +30,7 @@
   by ``max_calls_per_response`` only. The stream relay applies the same rule as calls complete,
   so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
-- **Repair** (issue 13, :mod:`proxy.response.repair`): calls the model wrote as text become
+- **Repair** (:mod:`proxy.response.repair`): calls the model wrote as text become
   structured calls before the two decisions above, which then judge them like any others.
 
 :func:`decide_json` rewrites a whole ``chat.completion`` body; the streaming counterpart is
@@ -88,7 +88,7 @@ CAP_TEXT = (
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-#: Stop kind (issue 10): the escalation ladder would withhold a call again after it withheld one.
+#: Stop kind: the escalation ladder would withhold a call again after it withheld one.
 ESCALATION = "escalation"
 ESCALATION_TEXT = (
     "[loopguard] Stopped: the model kept calling {tool} after {limit} reminders and a withheld "
@@ -96,7 +96,7 @@ ESCALATION_TEXT = (
     "call was not run. Send a message to continue."
 )
 
-#: Stop kind (issue 7): the response repeats the same text as the assistant messages before it.
+#: Stop kind: the response repeats the same text as the assistant messages before it.
 MONOLOGUE = "monologue"
 MONOLOGUE_TEXT = (
     "[loopguard] Stopped: the model repeated itself ({count} replies in a row that changed "
@@ -198,7 +198,7 @@ class StopJudge:
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
-        # the request's checkpoint (issue 15), narrowed to these guards: the guards resume from it
+        # the request's checkpoint, narrowed to these guards: the guards resume from it
         # over the request's last step and the answer's instead of reading the whole history
         self._checkpoint = checkpoint.narrowed(self._guards) if checkpoint is not None else None
         # the escalation ladder reads the reminders: those of the request (the answer's own step
@@ -208,7 +208,7 @@ class StopJudge:
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
         self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
-        # monologue (issue 7): the request-side rule says how long the same-text run would get
+        # monologue: the request-side rule says how long the same-text run would get
         self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
         #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
         #: messages with the same text): the stream guard then holds a text-only choice's finish
@@ -218,7 +218,7 @@ class StopJudge:
         self.withheld = len(
             {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
         )
-        # escalation (issue 10): a withheld result of the ladder in this turn makes the next one a stop
+        # escalation: a withheld result of the ladder in this turn makes the next one a stop
         ladder = next((g for g in guards if isinstance(g, Escalation) and g.config.stop), None)
         self._escalated = ladder is not None and any(
             isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
@@ -555,7 +555,7 @@ def without_cuts(cfg: Config) -> Config:
 
 @dataclasses.dataclass(frozen=True)
 class Deciders:
-    """The response side of one request split by mode (issue 16): what is enforced
+    """The response side of one request split by mode: what is enforced
     (``cfg``, ``judge``: applied to the agent's answer) and what is observed (``shadow_cfg``,
     ``shadow_judge``: decided on the same answer, applied never). Without observed rules the
     shadow has nothing on and ``judge`` is the usual one."""

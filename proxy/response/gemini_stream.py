@@ -39,7 +39,7 @@ before it goes out, whether calls came or not: a text-only answer can be stopped
 
 Without ``alt=sse`` the stream is one JSON array of these objects; that answer is relayed unread
 (buffering it to decide would turn the stream into one late body), so only the request side
-guards it (:func:`proxy.edge.server._guarded`). The SDKs and Gemini CLI always ask for SSE.
+guards it (:func:`proxy.edge.wire.wire_of`). The SDKs and Gemini CLI always ask for SSE.
 
 JSON (:func:`decide_json`): the same decisions on a whole ``GenerateContentResponse`` (one
 candidate). Stop → its ``content.parts`` keep the parts that are neither answer text nor

@@ -1,4 +1,4 @@
-"""The response side of the Anthropic Messages API (issue 12), sans-I/O: a ``message`` object (JSON)
+"""The response side of the Anthropic Messages API, sans-I/O: a ``message`` object (JSON)
 or its SSE events in, what the agent receives out. The decisions are the shared ones
 (:class:`proxy.response.answer.AnswerState`: the stop judge, the runaway cut, degenerate text), and
 so are the framing, the holding and the byte accounting (:class:`proxy.response.stream_guard.

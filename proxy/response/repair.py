@@ -1,4 +1,4 @@
-"""Tool calls the model wrote as text, rewritten into structured calls (issue 13).
+"""Tool calls the model wrote as text, rewritten into structured calls.
 
 A local server without (or with the wrong) tool parser sends a call as markup in the answer's
 ``content`` (:mod:`proxy.dialects.text_calls` says which markup). The agent then sees no call: it

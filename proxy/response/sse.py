@@ -49,7 +49,7 @@ class SSEEvent:
 class SSEFramer:
     """Incremental framer; one instance per stream. Linear in the bytes fed, however they are
     split: every byte is scanned for a line end once, and the bytes of dispatched events are
-    dropped once per :meth:`feed` (issue 14, item 7: one 32 MiB event no longer takes seconds).
+    dropped once per :meth:`feed` (one 32 MiB event no longer takes seconds).
     :attr:`pending` is how many bytes of an unfinished event it holds."""
 
     __slots__ = ("_buf", "_data", "_event", "_pos", "_scan", "_started")

@@ -58,7 +58,7 @@ from proxy.response.sse import SSEEvent, SSEFramer
 
 DONE = b"data: [DONE]\n\n"
 #: An event longer than this (bytes, unfinished) is not read: the guard forwards it and the rest of
-#: the stream unread (issue 14, item 7: an unterminated 200 MiB event is not buffered whole).
+#: the stream unread (an unterminated 200 MiB event is not buffered whole).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 _BASE_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
 _SCALARS = (str, int, float, bool, type(None))
@@ -100,7 +100,7 @@ class _Choice:
     drop_calls: bool = False
     finish_reason: str | None = None
     insert: list[bytes] = field(default_factory=list)
-    # repair of calls written as text (issue 13): the content so far, and whether it is held
+    # repair of calls written as text: the content so far, and whether it is held
     content: list[str] = field(default_factory=list)
     length: int = 0
     tail: str = ""  # the content's last characters, for an opening tag split across deltas
@@ -163,7 +163,7 @@ class FramedGuard:
         self.settled = 0
         #: the stream said how it ended (its terminal event, an event the guard does not read,
         #: from then on it only relays, or the guard's own cut). False at the end of the upstream's
-        #: body means the answer stopped short (issue 14, item 11).
+        #: body means the answer stopped short.
         self.complete = False
         #: why the rest of the stream went out unread (``too_large``), None: all of it was read
         self.unread: str | None = None

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from proxy.config import load_config
-from proxy.edge.server import start
+from proxy.edge.serve import start
 from proxy.request.conversation import key_digest
 from tests.e2e.test_hot_reload import AUTH, reload, with_overrides
 from tests.e2e.test_shutdown import free_port

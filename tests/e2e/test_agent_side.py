@@ -20,7 +20,7 @@ from proxy.cli.main import main
 from proxy.config import Config, build
 from proxy.edge import connections
 from proxy.edge.observe import configure_logging
-from proxy.edge.server import LINGER_S
+from proxy.edge.serve import LINGER_S
 from proxy.errors import ConfigError
 from tests.helpers.fakes import FakeUpstream, completion, repeated_call_messages, sse_events
 

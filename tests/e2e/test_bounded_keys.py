@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.core.state import ENTRY_OVERHEAD, TIME_BYTES, ConversationState, StateStore, state_size
-from proxy.edge.server import INCIDENTS_KEY, MEMORY_KEY, PREFIX_KEY, RESPONSES_KEY
+from proxy.edge.keys import INCIDENTS_KEY, MEMORY_KEY, PREFIX_KEY, RESPONSES_KEY
 from proxy.request.conversation import key_digest
 from proxy.request.response_store import UNKNOWN_PREVIOUS, store_key
 from tests.helpers.fakes import FakeUpstream, repeated_call_messages

@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from proxy.edge.server import INCIDENTS_KEY
+from proxy.edge.keys import INCIDENTS_KEY
 from proxy.guards.circuit_breaker import DUPLICATE_TEXT
 from proxy.request.conversation import conversation_key, key_digest
 from tests.helpers.fakes import FakeUpstream

@@ -51,7 +51,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, build
 from proxy.core.actions import Action, Remind, Withhold
-from proxy.edge.server import STATS_KEY
+from proxy.edge.keys import STATS_KEY
 from proxy.guards import build_guards
 from proxy.request.rewrite import decide_request
 from tests.helpers.proxy_server import serve

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, build
 from proxy.core.actions import Stop
-from proxy.edge.server import STATS_KEY
+from proxy.edge.keys import STATS_KEY
 from proxy.response import stream_guard
 from proxy.response.assemble import AssembledCall, CallAssembler
 from proxy.response.sse import SSEFramer

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from proxy.config import Config, build
 from proxy.core.actions import Cut, Stop
 from proxy.edge import relay
-from proxy.edge.server import STATS_KEY
+from proxy.edge.keys import STATS_KEY
 from proxy.response.assemble import AssembledCall
 from proxy.response.gemini_stream import GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard

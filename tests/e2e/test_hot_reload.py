@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Config, load_config, restart_keys
-from proxy.edge.server import start
+from proxy.edge.serve import start
 from tests.e2e.test_shutdown import free_port
 from tests.helpers.fakes import FakeUpstream, completion, repeated_call_messages, tool_call
 from tests.helpers.proxy_server import serve_process

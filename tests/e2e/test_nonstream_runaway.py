@@ -651,7 +651,8 @@ async def test_a_shutdown_ends_a_streamed_json_request_with_a_503(
     gets the 503 error answer, whether its handler had taken the upstream's headers yet (the
     answer is being read: the sweep closes it) or not (the send had finished, so cancelling it
     did nothing, and the response was not among those the sweep closes)."""
-    from proxy.edge.server import INFLIGHT_KEY, PENDING_KEY, SHUTDOWN_KEY, end_grace
+    from proxy.edge.keys import INFLIGHT_KEY, PENDING_KEY, SHUTDOWN_KEY
+    from proxy.edge.shutdown import end_grace
     from tests.helpers.proxy_server import serve
 
     sent = asyncio.Event()

@@ -27,9 +27,10 @@ from structlog.testing import capture_logs
 from proxy.cli.replay import load
 from proxy.config import Config, StateConfig, build, config_errors, load_config
 from proxy.config.redact import redact_url
+from proxy.edge.keys import METRICS_KEY, STATS_KEY
 from proxy.edge.observe import Stats, configure_logging
 from proxy.edge.runtime import Live, build_runtime, reload_logged
-from proxy.edge.server import METRICS_KEY, STATS_KEY, start
+from proxy.edge.serve import start
 from proxy.edge.shared_state import LOST, SharedState
 from proxy.errors import ConfigError
 from tests.e2e.test_cli_and_log_formats import ENV, ROOT, _startup_line, cli, free_port

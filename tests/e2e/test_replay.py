@@ -295,7 +295,7 @@ async def test_replay_of_a_capture_keeps_narration_timing(
     capsys.readouterr()
     ticks = iter(range(1_700_000_000_000, 1_800_000_000_000, 100_000))  # 100 s per request
     async with serve(config, upstream.url) as (base, app):
-        from proxy.edge.server import MEMORY_KEY
+        from proxy.edge.keys import MEMORY_KEY
 
         app[MEMORY_KEY].clock = lambda: next(ticks)
         await run_agent(base, False)

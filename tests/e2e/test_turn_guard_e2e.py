@@ -15,7 +15,7 @@ import yaml
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.edge.server import MEMORY_KEY
+from proxy.edge.keys import MEMORY_KEY
 from proxy.guards.narration import render
 from proxy.request.conversation import key_digest
 from tests.helpers.fakes import FakeUpstream, completion, sse_events, tool_call

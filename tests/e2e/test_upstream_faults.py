@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Config
-from proxy.edge.server import start
+from proxy.edge.serve import start
 from tests.conftest import ProxyFactory
 from tests.helpers.fakes import FakeUpstream, repeated_call_messages
 from tests.helpers.proxy_server import proxy_config

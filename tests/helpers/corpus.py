@@ -62,7 +62,7 @@ from aiohttp import web
 from proxy.cli import replay as replay_files
 from proxy.config import Config, ListenConfig, build
 from proxy.edge.observe import configure_logging
-from proxy.edge.server import start
+from proxy.edge.serve import start
 from tests.helpers import gemini_contents, messages_blocks, responses_items, text_form
 
 ROOT = Path(__file__).resolve().parents[2]

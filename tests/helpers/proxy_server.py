@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import Config, build
-from proxy.edge.server import start
+from proxy.edge.serve import start
 
 
 def proxy_config(config: dict[str, Any] | None, upstream_url: str) -> Config:

@@ -17,9 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, load_config
 from proxy.core.actions import Remind
+from proxy.edge.admin import metrics
+from proxy.edge.app import create_app
 from proxy.edge.metrics import Metrics
 from proxy.edge.observe import Stats
-from proxy.edge.server import create_app, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

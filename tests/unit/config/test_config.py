@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-import proxy.edge.server
+import proxy.edge.serve
 from proxy.cli.main import effective_config, main
 from proxy.config import (
     Config,
@@ -498,7 +498,7 @@ def test_serve_with_bad_env_port_exits_2(
     async def must_not_serve(cfg: Config) -> None:
         raise AssertionError("serve must not start with an invalid port")
 
-    monkeypatch.setattr(proxy.edge.server, "serve_forever", must_not_serve)
+    monkeypatch.setattr(proxy.edge.serve, "serve_forever", must_not_serve)
     monkeypatch.setenv("LOOPGUARD_PORT", "abc")
     monkeypatch.delenv("LOOPGUARD_CONFIG", raising=False)
     assert main(["serve"]) == 2

@@ -14,17 +14,15 @@ import pytest
 from proxy.config import Config, ResponsesStoreConfig, build
 from proxy.core.actions import Remind, Withhold
 from proxy.dialects import openai_responses
-from proxy.dialects.openai_responses import apply_chained
+from proxy.dialects.openai_responses import Answer, answer_of, apply_chained
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards
 from proxy.request.response_store import (
     NOT_RUN_TEXT,
     UNKNOWN_PREVIOUS,
-    Answer,
     Chain,
     Entry,
     ResponseStore,
-    answer_of,
     chain_of,
     entry_of,
     repair_items,

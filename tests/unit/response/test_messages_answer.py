@@ -24,7 +24,7 @@ from proxy import dialects
 from proxy.config import Config, build
 from proxy.core.actions import Stop
 from proxy.dialects import anthropic_messages, openai_chat
-from proxy.edge import relay, server
+from proxy.edge import answers, relay, wire
 from proxy.guards import Context, build_guards, evaluate
 from proxy.response.decide import DENIALS_TEXT, StopJudge
 from proxy.response.messages_stream import MessagesStreamGuard, decide_json
@@ -685,20 +685,20 @@ def messages_dialect(monkeypatch: pytest.MonkeyPatch) -> None:
     """``…/messages`` guarded by the stand-in dialect (the real Messages dialect set aside)."""
     kept = tuple(d for d in dialects.REGISTRY if d is not anthropic_messages)
     monkeypatch.setattr(dialects, "REGISTRY", (*kept, STAND_IN))
-    monkeypatch.setattr(server, "anthropic_messages", STAND_IN)
+    monkeypatch.setattr(wire, "anthropic_messages", STAND_IN)
 
 
 def test_the_messages_wire_is_chosen_by_the_dialects_path_suffix(messages_dialect: None) -> None:
-    assert server._guarded(make_mocked_request("POST", "/v1/messages")) == "messages"
-    assert server._guarded(make_mocked_request("POST", "/v1/messages?beta=true")) == "messages"
-    assert server._guarded(make_mocked_request("POST", "/v1/messages/count_tokens")) is None
-    assert server._guarded(make_mocked_request("GET", "/v1/messages")) is None
+    assert wire.wire_of(make_mocked_request("POST", "/v1/messages")) == "messages"
+    assert wire.wire_of(make_mocked_request("POST", "/v1/messages?beta=true")) == "messages"
+    assert wire.wire_of(make_mocked_request("POST", "/v1/messages/count_tokens")) is None
+    assert wire.wire_of(make_mocked_request("GET", "/v1/messages")) is None
     assert relay._STREAM_GUARDS["messages"] is MessagesStreamGuard
 
 
 def test_the_proxys_own_error_event_has_the_messages_form(messages_dialect: None) -> None:
     request = make_mocked_request("POST", "/v1/messages")
-    got = server._error_event(request, "loopguard: upstream sent nothing", "upstream_timeout", 504)
+    got = answers.error_event(request, "loopguard: upstream sent nothing", "upstream_timeout", 504)
     assert got == (
         b'event: error\ndata: {"type":"error","error":{"type":"upstream_timeout",'
         b'"message":"loopguard: upstream sent nothing"}}\n\n'
