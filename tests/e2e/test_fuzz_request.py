@@ -1,4 +1,4 @@
-"""Fuzzing the request side (issue 14, "Hardening"): random chat-completion bodies through
+"""Fuzzing the request side: random chat-completion bodies through
 :func:`proxy.request.rewrite.decide_request`, the pure function the server runs on every chat request.
 
 Bodies: messages of every role (and unknown ones), tool calls with arguments as JSON strings,

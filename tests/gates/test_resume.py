@@ -1,4 +1,4 @@
-"""Guards that resume from a kept state (issue 15, :mod:`proxy.guards.resume`) decide exactly what
+"""Guards that resume from a kept state (:mod:`proxy.guards.resume`) decide exactly what
 the whole-transcript run decides.
 
 Every conversation is replayed a request at a time (the history before each assistant message, as

@@ -1,4 +1,4 @@
-"""What a call may change (issue 10, proxy/core/effects.py) and what a call is on (proxy/core/targets.py):
+"""What a call may change (proxy/core/effects.py) and what a call is on (proxy/core/targets.py):
 the facts behind "the same call in the same situation"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Episodes (issue 10, defect 8): loops that span user messages. A compaction summary, a short
+"""Episodes: loops that span user messages. A compaction summary, a short
 "continue" or a harness's format error is not a new request; the same calls with the same
 results on both sides are one loop. What the user must be able to reset (the stop ladder) still
 restarts at every user message."""

@@ -1,4 +1,4 @@
-"""Progress-aware repeats (issue 7): masks, result comparison, the judge, the three guards, config,
+"""Progress-aware repeats (DESIGN §6.5): masks, result comparison, the judge, the three guards, config,
 and the false-positive guard rails (pinned through the pure pipeline and the real server)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def r(text: str, is_error: bool | None = None, pending: bool = False) -> ToolRes
         ("started pid 4242", f"started {MASK}"),
         ("PID: 17 exited", f"{MASK} exited"),
         ("Output: hello\nProcess Group PGID: 16299", f"Output: hello\nProcess Group {MASK}"),
-        # issue 10, defect 7: line numbers and counts that shift when a file is edited
+        # line numbers and counts that shift when a file is edited
         ("[File: /app/config.py (90 lines total)]", f"[File: /app/config.py ({MASK} lines total)]"),
         ("(216 more lines above)", f"({MASK} more lines above)"),
         ('  File "reproduce.py", line 19, in <module>', f'  File "reproduce.py", line {MASK}, in <module>'),
@@ -136,7 +136,7 @@ TB = (
     ],
 )
 def test_line_number_noise_is_not_progress_but_content_is(a: str, b: str, same: bool) -> None:
-    """Issue 10, defect 7: two errors alternating with only line numbers changing are the same
+    """Two errors alternating with only line numbers changing are the same
     results; any change in what a line says is a new result."""
     assert same_result(r(a), r(b), DEFAULT_MASKS) is same
 

@@ -1,4 +1,4 @@
-"""Anthropic Messages dialect, request side (issue 12): parse_request (messages → Transcript over
+"""Anthropic Messages dialect, request side: parse_request (messages → Transcript over
 slots), apply (actions → byte edits), the same rules acting at the same call as in chat form,
 path matching, and the real server guarding ``POST /v1/messages``."""
 

@@ -1,4 +1,4 @@
-"""OpenAI Responses dialect, request side (issue 11): parse_request (input items → Transcript),
+"""OpenAI Responses dialect, request side: parse_request (input items → Transcript),
 apply (actions → byte edits), the same rules acting at the same call as in chat form, and the
 real server guarding ``POST /v1/responses``."""
 

@@ -1,4 +1,4 @@
-"""The escalation ladder and same_target (issue 10, defect 11; DESIGN §2.2): reminders the model
+"""The escalation ladder and same_target (DESIGN §2.2): reminders the model
 ignores lead to a withheld result, then to the end of the turn — including loops whose arguments
 drift, which no exact-match rule sees."""
 
@@ -380,7 +380,7 @@ def test_a_new_request_starts_the_ladder_from_the_bottom() -> None:
     assert [call_at(t, a) for a in actions(h) if isinstance(a, Withhold) and a.rule == "escalation"] == [6]
 
 
-# --- resuming from a kept state (issue 15) ------------------------------------------------------
+# --- resuming from a kept state -----------------------------------------------------------------
 
 
 def test_a_target_first_reminded_after_the_cut_is_judged_from_its_first_call() -> None:

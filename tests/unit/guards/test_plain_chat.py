@@ -1,4 +1,4 @@
-"""Plain chat is never touched (issue 10, DESIGN §2.2): a conversation without any tool call is
+"""Plain chat is never touched (DESIGN §2.2): a conversation without any tool call is
 forwarded byte for byte and its answers are never stopped, whatever the user and the model say —
 repeated user messages ("continue", "again") and repeated answers included. Property test over
 the pure request and response sides the server runs (the end-to-end case through the real

@@ -1,5 +1,4 @@
-"""Bodies orjson refuses are still guarded, and a rewrite keeps every untouched byte (issue 14,
-items 5 and 6).
+"""Bodies orjson refuses are still guarded, and a rewrite keeps every untouched byte.
 
 Before: one lone surrogate (``"\\udcff"``, which Python's ``json.dumps`` writes), a number beyond
 float range (``1e400``) or nesting past orjson's 1,024 levels turned every guard off with no

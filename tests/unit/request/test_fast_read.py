@@ -1,4 +1,4 @@
-"""The prefix cache's fast path (issue 15, :func:`proxy.request.prefix_cache.find`): a body of
+"""The prefix cache's fast path (:func:`proxy.request.prefix_cache.find`): a body of
 64 KiB or more resumes its kept prefix without being decoded whole, and decides exactly as it
 would be decided without the cache."""
 

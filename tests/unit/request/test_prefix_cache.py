@@ -1,4 +1,4 @@
-"""The per-conversation prefix cache (issue 15): decisions and upstream bytes are the same with the
+"""The per-conversation prefix cache: decisions and upstream bytes are the same with the
 cache on, off, and cleared at any point.
 
 Every conversation is replayed request by request (the history before each assistant message,

@@ -1,4 +1,4 @@
-"""The Responses API's ``previous_response_id`` chains (issue 11), no sockets: the bounded store
+"""The Responses API's ``previous_response_id`` chains, no sockets: the bounded store
 (count, bytes, age with an injected clock; exact evictions), the repair items for answers
 loopguard rewrote, the chained request's edits, and a looping conversation sent as a chain getting
 the same actions at the same calls, and the upstream the same history, as the full-input form."""

@@ -1,4 +1,4 @@
-"""Precision first (issue 10, DESIGN §2.2): withhold and stop only on evidence of no progress. A
+"""Precision first (DESIGN §2.2): withhold and stop only on evidence of no progress. A
 conversation in which every tool result is new — whatever the calls, their repeats, their order,
 the user's "continue"s — never has a result withheld and its next answer is never stopped.
 Property test over the pure request and response sides the server runs (the lifetime cap, 300
