@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import importlib.metadata
 import os
@@ -23,15 +22,8 @@ from typing import Any
 import yaml
 
 import proxy
-from proxy.config import (
-    Config,
-    ListenConfig,
-    UpstreamConfig,
-    build,
-    config_errors,
-    load_config,
-    to_plain,
-)
+from proxy.config import Config, config_errors, load_config, to_plain
+from proxy.config.env import with_overrides
 from proxy.config.redact import redact_url
 from proxy.edge.observe import LOG_FORMATS, configure_logging, default_log_format
 from proxy.errors import ConfigError
@@ -39,39 +31,20 @@ from proxy.errors import ConfigError
 
 def effective_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     """The config ``serve`` runs with: file (``--config`` or ``LOOPGUARD_CONFIG``), then env, then
-    flags applied on top. Raises :class:`ConfigError` naming the key (``--port``,
-    ``LOOPGUARD_PORT`` …) for bad values."""
+    flags applied on top (:func:`proxy.config.env.with_overrides`). Raises :class:`ConfigError`
+    naming the key (``--port``, ``LOOPGUARD_PORT`` …) for bad values."""
     cfg = load_config(args.config or env.get("LOOPGUARD_CONFIG") or None)
-    listen = dataclasses.asdict(cfg.listen)
-    upstream = dataclasses.asdict(cfg.upstream)
-    sources = [
-        ("LOOPGUARD_UPSTREAM", env.get("LOOPGUARD_UPSTREAM"), upstream, "url"),
-        ("LOOPGUARD_HOST", env.get("LOOPGUARD_HOST"), listen, "host"),
-        ("LOOPGUARD_PORT", env.get("LOOPGUARD_PORT"), listen, "port"),
-        ("--upstream", args.upstream, upstream, "url"),
-        ("--host", args.host, listen, "host"),
-        ("--port", args.port, listen, "port"),
-    ]
-    origin: dict[str, str] = {}
-    for name, value, target, key in sources:
-        if value is None or value == "":
-            continue
-        origin[f"{'listen' if target is listen else 'upstream'}.{key}"] = name
-        if key == "port":
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(name, f"must be an integer, got {value!r}") from None
-        target[key] = value
-    try:
-        return dataclasses.replace(
-            cfg,
-            listen=build(ListenConfig, listen, "listen"),
-            upstream=build(UpstreamConfig, upstream, "upstream"),
-        )
-    except ConfigError as e:
-        # Name the flag or variable the bad value came from, not a file key the user never wrote.
-        raise ConfigError(origin.get(e.key, e.key), e.message) from None
+    return with_overrides(
+        cfg,
+        [
+            ("LOOPGUARD_UPSTREAM", env.get("LOOPGUARD_UPSTREAM"), "upstream.url"),
+            ("LOOPGUARD_HOST", env.get("LOOPGUARD_HOST"), "listen.host"),
+            ("LOOPGUARD_PORT", env.get("LOOPGUARD_PORT"), "listen.port"),
+            ("--upstream", args.upstream, "upstream.url"),
+            ("--host", args.host, "listen.host"),
+            ("--port", args.port, "listen.port"),
+        ],
+    )
 
 
 #: Every environment variable the proxy reads (``serve --help`` lists them), with what it sets.
@@ -137,9 +110,11 @@ def _parser() -> argparse.ArgumentParser:
         help="validate a config file and print the effective config",
         description="Validate a config file: every error is listed (exit 2), else the effective "
         "config is printed (admin_token redacted, or shown as off when empty; user info and query "
-        "values of upstream.url and state.backend redacted).",
+        "values of upstream.url and state.backend redacted). With --schema, print the config "
+        "file's JSON Schema instead (for editors: every key's type, default and description).",
     )
-    c.add_argument("file")
+    c.add_argument("file", nargs="?")
+    c.add_argument("--schema", action="store_true", help="print the JSON Schema of a config file")
     r = sub.add_parser(
         "replay",
         help="replay captured traffic or fixture conversations through the guards",
@@ -238,8 +213,16 @@ def _serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "check-config":
+        if args.schema == (args.file is not None):
+            parser.error("check-config takes a config file, or --schema alone")
+        if args.schema:
+            from proxy.config.schema import schema_text
+
+            sys.stdout.write(schema_text())
+            return 0
         return _check_config(args.file)
     try:
         if args.command == "demo":

@@ -44,6 +44,7 @@ import orjson
 
 from proxy.config import Config
 from proxy.core.actions import Action, Cut, Remind, Stop, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.transcript import Transcript
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, build_guards
@@ -309,9 +310,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
     """Replay one conversation with ``cfg`` (fresh guards state: a new proxy process)."""
     guards = build_guards(
         cfg.guards,
-        cfg.progress.compiled(),
-        cfg.progress.effects(),
-        cfg.progress.continuations(),
+        *progress_rules(cfg.progress),
         stop_note_for(cfg),
     )
     memory = Memory(guards)

@@ -40,12 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.config import ProgressConfig
+from proxy.config.defaults import DEFAULT_READ_ONLY_COMMANDS, DEFAULT_READ_ONLY_TOOLS
 from proxy.core import agents
 from proxy.core.canonical import canonical_arguments
 from proxy.core.episodes import ContinuationRule, EpisodeCounter, episodes
 from proxy.core.failures import FailureRule, RejectionRule, cancelled
 from proxy.core.patterns import NamePatterns
-from proxy.core.progress import DEFAULT_MASKS, Masks, same_result
+from proxy.core.progress import DEFAULT_MASKS, Masks, compile_masks, same_result
 from proxy.core.targets import COMMAND_ARGS, own_command, subcommand
 from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
@@ -151,85 +153,6 @@ READ_SUBCOMMANDS = frozenset(
         "help",
         "log",
     )
-)
-#: Programs whose runs only read (a shell call is read-only when every simple command runs one).
-DEFAULT_READ_ONLY_COMMANDS: tuple[str, ...] = (
-    "cat",
-    "head",
-    "tail",
-    "less",
-    "more",
-    "grep",
-    "egrep",
-    "fgrep",
-    "rg",
-    "ag",
-    "ack",
-    "find",
-    "ls",
-    "tree",
-    "pwd",
-    "wc",
-    "nl",
-    "sed",
-    "sort",
-    "uniq",
-    "cut",
-    "diff",
-    "cmp",
-    "file",
-    "stat",
-    "du",
-    "df",
-    "which",
-    "whereis",
-    "type",
-    "echo",
-    "printf",
-    "true",
-    "test",
-    "basename",
-    "dirname",
-    "realpath",
-    "readlink",
-    "date",
-    "printenv",
-    "id",
-    "whoami",
-    "uname",
-    "hostname",
-    "cd",
-    "git",
-    "jq",
-    "xxd",
-    "od",
-    "hexdump",
-    "md5sum",
-    "sha256sum",
-    "column",
-    "tr",
-    "fold",
-    "rev",
-    "seq",
-    "sleep",
-    "ps",
-    "top",
-    "free",
-    "uptime",
-    "lsof",
-    "history",
-    "man",
-)
-#: Tools that change nothing outside the agent (plans, todo lists, thinking), read-only by default.
-DEFAULT_READ_ONLY_TOOLS: tuple[str, ...] = (
-    "todo*",
-    "Todo*",
-    "*_todo*",
-    "*Todo*",
-    "update_plan",
-    "think",
-    "Think",
-    "ask_user_question",
 )
 #: ``git`` subcommands that only read.
 GIT_READ = frozenset(
@@ -373,6 +296,23 @@ class EffectRule:
             if len(self._memo) > self.MEMO_ENTRIES:
                 self._memo.popitem(last=False)
         return verdict
+
+
+def effect_rule(progress: ProgressConfig) -> EffectRule:
+    """What may change state by the config's ``progress`` section (its ``read_only_tools``,
+    ``state_changing_tools`` and ``read_only_commands``)."""
+    return EffectRule(progress.read_only_tools, progress.state_changing_tools, progress.read_only_commands)
+
+
+def progress_rules(progress: ProgressConfig) -> tuple[Masks, EffectRule, ContinuationRule]:
+    """The rule objects the guards read from the config's ``progress`` section: its masks
+    compiled, what may change state, which user messages continue a turn. Raises ``re.error``
+    for a pattern that does not compile (nothing for a checked config)."""
+    return (
+        compile_masks(progress.masks),
+        effect_rule(progress),
+        ContinuationRule(progress.continuation_patterns),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,26 +27,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from proxy.config.defaults import DEFAULT_CONTINUATION_PATTERNS
 from proxy.core.harness_replies import is_harness_reply
 from proxy.core.transcript import Transcript
-
-#: User messages that continue the work rather than ask for something new.
-DEFAULT_CONTINUATION_PATTERNS: tuple[str, ...] = (
-    # short replies: "continue", "go on", "No", "yes please", "try again", "ok, keep going."
-    r"(?i)(?:(?:ok(?:ay)?|yes|yeah|yep|no|nope|sure|please|thanks|great|good)[,.!]*\s*)*"
-    r"(?:continue|go on|go ahead|keep going|carry on|proceed|resume|next|try again|again|retry|do it|"
-    r"ok(?:ay)?|yes|yeah|yep|no|nope|sure)?(?:\s*please)?[.!]*\s*$",
-    # context compaction (Claude Code, Codex, opencode and others summarize the conversation so far)
-    r"(?i)this session is being continued from a previous conversation",
-    r"(?i)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation"
-    r"(?: so far)?[:.]",
-    r"(?i)\[(?:context|conversation) (?:summary|compacted|compaction)\]|(?:context|conversation) summary:",
-    r"(?i)another language model started to solve this problem",
-    # harness format errors answering an answer without a usable tool call
-    r"(?i)tool call error\b",
-    r"(?i)\[?error\]? *:? *you did not use a tool",
-    r"(?i)please (?:use|call) (?:a|one of the) tools?\b",
-)
 
 
 class ContinuationRule:

@@ -56,6 +56,8 @@ from collections.abc import Sequence
 
 import orjson
 
+from proxy.config.checks import compile_failure_pattern
+from proxy.config.defaults import DEFAULT_FAILURE_PATTERNS
 from proxy.core import agents
 from proxy.core.transcript import ToolResult
 
@@ -105,42 +107,6 @@ def cancelled(result: ToolResult | None) -> bool:
 #: What :meth:`FailureRule.reason` returns for a non-zero exit status (rule step 2).
 EXIT_STATUS = "exit_status"
 
-#: The default failure patterns (``guards.turn_guard.failure_patterns``, rule step 4), one concept
-#: each. Exit codes are step 2's business (:data:`EXIT_STATUS_PATTERNS`), not a pattern's.
-DEFAULT_FAILURE_PATTERNS: tuple[str, ...] = (
-    # "Error: …", "ERROR …", "FATAL: …", "Error executing command"; not "Errors: 0", "ERROR_CODES".
-    r"^(?:Error|ERROR|Fatal|FATAL)\b",
-    # lower-case prefixes with a colon: "error: pathspec…", "error[E0425]: …", "fatal: not a git repo"
-    r"^(?:error|fatal)(?:\[[\w-]+\])?:",
-    r"^(?:npm ERR!|make: \*\*\*)",
-    # an agent framework's error wrapper
-    r"^<(?:tool_use_error|error)>",
-    r"^Traceback \(most recent call last\)",
-    # the last line of an uncaught exception: "NameError: name 'x' is not defined", "AssertionError"
-    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|[ \t\r]*$)",
-    # "bash: line 1: foo: command not found", "zsh: command not found: foo",
-    # "cat: x: No such file or directory", "bash: ./run.sh: Permission denied"
-    r"^(?:[^\s:]+: (?=\S).*?)?(?:command not found|No such file or directory|Permission denied)",
-    # dash: "sh: 1: foo: not found"
-    r"^[^\s:]+: \d+: .*: not found[ \t\r]*$",
-    # an edit rejected by the linter (SWE-agent, OpenHands): "Your proposed edit has introduced new
-    # syntax error(s). Please understand the fixes and retry your edit commmand." (sic), then ERRORS:
-    r"^\[?Your proposed edit has introduced new syntax error",
-    # a string replacement that found nothing to replace (str_replace_editor of SWE-agent,
-    # OpenHands, Anthropic's text editor): "No replacement was performed, old_str `x` did not appear…"
-    r"^No replacement was performed\b",
-    # SWE-agent's interface commands called wrongly: a bare signature "Usage: search_file
-    # <search_term> [<file>]" (not --help output such as "Usage: cli [OPTIONS] COMMAND")
-    r"^Usage: [\w.-]+(?: \[?<\w+>\]?)+(?:\.|[ \t\r]*$)",
-    # SWE-agent's open / find_file / search_dir on a missing path: "File x.py not found",
-    # "Directory forms not found"
-    r"^(?:File|Directory) \S.* not found[ \t\r]*$",
-    # SWE-agent's commands that need an open file, and its searches with too many hits to show:
-    # "No file open. Use the open command first.", "More than 120 files matched for "x" in /r.
-    # Please narrow your search."
-    r"^(?:No file open\. Use the `?open`? command first|More than \d+ (?:files|lines) matched for .*"
-    r"Please narrow your search)",
-)
 
 _JSON_START = re.compile(r"\s*\{")
 _AGENT_FAILURE = re.compile("|".join(f"(?:{p})" for p in agents.failure_lines()), re.MULTILINE)
@@ -150,14 +116,12 @@ _EXIT_STATUS = re.compile("|".join(f"(?:{p})" for p in EXIT_STATUS_PATTERNS), re
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile one failure pattern the way :class:`FailureRule` uses it.
+    """Compile one failure pattern the way :class:`FailureRule` uses it: the rule the config
+    checks the pattern by (:func:`proxy.config.checks.compile_failure_pattern`).
 
     Raises ``re.error`` when it is not a regular expression and ``ValueError`` when it matches
     an empty result (it would call every result a failure)."""
-    compiled = re.compile(pattern, re.MULTILINE)
-    if compiled.search("") is not None:
-        raise ValueError("it matches an empty result, so every result would be a failure")
-    return compiled
+    return compile_failure_pattern(pattern)
 
 
 def edge_spans(text: str) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler  # what every route uses unless told
 
 from proxy import dialects
+from proxy.core.volatile import compile_masks
 from proxy.dialects import gemini, jsonbody, openai_responses
 from proxy.edge import capture, connections, forward
 from proxy.edge.admin import own_miss
@@ -292,7 +293,7 @@ def _capture(request: web.Request, raw: bytes, decision: RequestDecision) -> Non
             body=jsonbody.decode(raw),
             answer=capture.answer_of(upstream_answer) if upstream_answer else None,
             contents=cfg.capture.contents,
-            masks=cfg.progress.compiled(),
+            masks=compile_masks(cfg.progress.masks),
         )
         app[CAPTURE_KEY].write(data)
     except Exception as exc:

@@ -25,6 +25,7 @@ from types import ModuleType
 import structlog
 
 from proxy.config import Config, restart_keys
+from proxy.core.effects import progress_rules
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
@@ -67,9 +68,7 @@ def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
     clock. Raises what :func:`proxy.guards.build_guards` raises (nothing for a checked config)."""
     guards = build_guards(
         cfg.guards,
-        cfg.progress.compiled(),
-        cfg.progress.effects(),
-        cfg.progress.continuations(),
+        *progress_rules(cfg.progress),
         stop_note_for(cfg),
     )
     if previous is None:

@@ -52,7 +52,7 @@ from typing import Any
 from proxy.config import Config, ProgressConfig, ResponseConfig, StopConfig
 from proxy.core.actions import Action, Cut, Remind, Stop, Withhold
 from proxy.core.canonical import canonical_arguments, parse_arguments
-from proxy.core.effects import EffectRule
+from proxy.core.effects import EffectRule, effect_rule
 from proxy.core.harness_replies import is_harness_reply
 from proxy.core.transcript import Step, ToolCall, ToolResult, Transcript
 from proxy.dialects import jsonbody, text_actions
@@ -283,7 +283,7 @@ class StopJudge:
 def effects_of(progress: ProgressConfig) -> EffectRule:
     """The effects reading of a config's ``progress`` section, built once per section (its
     patterns are compiled and its verdicts memoized; a reload brings a new section)."""
-    return progress.effects()
+    return effect_rule(progress)
 
 
 #: The effects reading of the default config (``runaway_cut`` without ``effects``).

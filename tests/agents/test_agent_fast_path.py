@@ -1,4 +1,4 @@
-"""The request side's fast path (issue 15, :mod:`proxy.request.prefix_cache`) with real agents:
+"""The request side's fast path (:mod:`proxy.request.prefix_cache`) with real agents:
 Codex CLI, Claude Code and Qwen Code each run the same looping session through loopguard twice,
 once with the default config (the prefix cache on) and once with ``prefix_cache.max_bytes_mb: 0``
 (off), against a scripted fake model that repeats one shell command printing ~20 KB (the same

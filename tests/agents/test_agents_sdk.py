@@ -1,4 +1,4 @@
-"""The OpenAI Agents SDK as an unmodified agent (issue 11): an ``Agent`` with one function tool on
+"""The OpenAI Agents SDK as an unmodified agent: an ``Agent`` with one function tool on
 its default Responses model (``OpenAIResponsesModel`` over an ``AsyncOpenAI`` client whose
 ``base_url`` is loopguard), run by ``Runner.run`` / ``Runner.run_streamed`` against a scripted fake
 Responses server whose model repeats the same call. By default the SDK sends its whole history

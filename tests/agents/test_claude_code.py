@@ -1,4 +1,4 @@
-"""The real Claude Code through loopguard to a scripted fake Messages server (issue 12): Claude Code
+"""The real Claude Code through loopguard to a scripted fake Messages server: Claude Code
 runs headless (:mod:`tests.helpers.claude_code`), a TCP tap between Claude Code and loopguard keeps the
 bytes it sent and got, the fake (:mod:`tests.helpers.fake_messages`) keeps what reached it; some runs go
 straight to the fake, to pin what Claude Code does on its own. Skipped with an install hint when
@@ -234,7 +234,7 @@ async def test_claude_code_opens_loopback_connections_only(
 async def test_without_loopguard_every_repeated_call_runs(
     claude: str, upstream: FakeUpstream, tmp_path: Path, work: Path, tool: str
 ) -> None:
-    """What a new user saw (issue 12): a model that repeats one call 30 times, straight to the
+    """What a new user saw: a model that repeats one call 30 times, straight to the
     server: Claude Code runs all 30 (it has no loop breaker), sends 31 requests and ends with the
     model's text; every result is the same bytes; no side requests at all."""
     call = (
@@ -441,7 +441,7 @@ async def test_looping_session_ends_with_loopguards_stop(
     """The response side for ``/messages``: the 7th request's answer (the same call again) becomes
     loopguard's stop text (one ``text`` block, ``end_turn``); Claude Code prints it as the result
     and exits 0 on its own, without running that call: 7 requests, 6 runs, 1 stop. The same for
-    the issue's ``Read`` of one file (its results are the same bytes every time too)."""
+    a ``Read`` of one file (its results are the same bytes every time too)."""
     fake = looping_fake(read_call(work) if tool == "Read" else bash(LOOP_CMD))
     run, _, stats = await proxied_session(claude, upstream, make_proxy, tmp_path, work, fake)
     assert run.returncode == 0, run.stderr

@@ -1,4 +1,4 @@
-"""The real Codex CLI through loopguard to a scripted fake Responses server (issue 11): Codex runs
+"""The real Codex CLI through loopguard to a scripted fake Responses server: Codex runs
 headless (:mod:`tests.helpers.codex_cli`), a TCP tap between Codex and loopguard keeps the bytes Codex
 sent and got, the fake (:mod:`tests.helpers.fake_responses`) keeps what reached it. Skipped with an
 install hint when the pinned Codex is not installed (``.ci/run`` installs it).

@@ -1,4 +1,4 @@
-"""The real Qwen Code CLI through loopguard to a scripted fake chat-completions server (issue 13):
+"""The real Qwen Code CLI through loopguard to a scripted fake chat-completions server:
 Qwen Code runs headless (:mod:`tests.helpers.qwen_code`), a TCP tap between Qwen Code and loopguard keeps
 the bytes Qwen Code sent, the fake (:mod:`tests.helpers.fake_qwen_server`) keeps what reached it. Skipped
 with an install hint when the pinned Qwen Code is not installed (``.ci/run`` installs it).
@@ -302,7 +302,7 @@ async def test_text_call_without_repair_never_runs(
     assert s.stats.get("responses_repaired", 0) == 0
 
 
-# --- repair on (issue 13, the default) -----------------------------------------------------------
+# --- repair on (the default) ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["xml", "hermes"])

@@ -145,7 +145,7 @@ async def test_real_model_loop_gets_reminders_where_the_chain_reaches_thresholds
     llama_url: str, upstream: FakeUpstream, make_proxy: Any, stream: bool
 ) -> None:
     upstream.handler = _relay_to(llama_url)
-    # repeat_reminder alone: the issue-7 rules (cycles, monologue, ...) would add reminders of
+    # repeat_reminder alone: the loop rules (cycles, monologue, ...) would add reminders of
     # their own when the small model changes its call after a reminder or repeats its text
     base = await make_proxy(only_guard("repeat_reminder"))
     client = AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-no-key-needed", max_retries=0)
@@ -199,7 +199,7 @@ async def test_real_model_loop_gets_reminders_where_the_chain_reaches_thresholds
 async def test_real_model_loop_is_ended_by_the_default_config(
     llama_url: str, upstream: FakeUpstream, make_proxy: Any, stream: bool, tool_choice: str
 ) -> None:
-    """Issue 10: with the shipped default, the real model's read_file loop (its arguments drifting
+    """With the shipped default, the real model's read_file loop (its arguments drifting
     under ``tool_choice: auto``, where it used to get 14 reminders in 27 calls and never a denial)
     ends with loopguard's stop text, a result withheld before it, within 12 model turns."""
     upstream.handler = _relay_to(llama_url)

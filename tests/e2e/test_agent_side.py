@@ -1,4 +1,4 @@
-"""The agent side (issue 14, items 1 and 9; :mod:`proxy.edge.connections`): header and body timeouts,
+"""The agent side (:mod:`proxy.edge.connections`): header and body timeouts,
 the connection limit, half-closed requests. Raw sockets against the real loopguard server in
 front of the fake upstream, so what is asserted is what goes over the wire."""
 
@@ -104,7 +104,7 @@ def raw_408_headers() -> bytes:
     )
 
 
-# --- (1) header timeout ---------------------------------------------------------------------------
+# --- header timeout -------------------------------------------------------------------------------
 
 
 async def test_silent_connection_is_closed_after_header_timeout(
@@ -181,7 +181,7 @@ async def test_idle_keepalive_connection_is_not_timed_but_its_next_request_is(
     assert 0.45 <= elapsed < 2.0, elapsed
 
 
-# --- (2), (3) body timeout ------------------------------------------------------------------------
+# --- body timeout ---------------------------------------------------------------------------------
 
 
 async def test_stalled_body_gets_a_408_and_nothing_goes_upstream(
@@ -265,7 +265,7 @@ async def test_slow_but_steady_body_is_not_cut(upstream: FakeUpstream, make_prox
     assert recorded.body == body  # byte for byte
 
 
-# --- (4) max_connections --------------------------------------------------------------------------
+# --- max_connections ------------------------------------------------------------------------------
 
 
 async def test_connection_past_max_connections_gets_a_503_at_once(
@@ -358,7 +358,7 @@ def test_fd_limit_too_low_is_warned_about(
     ]
 
 
-# --- (5) half-closed requests (item 9) ------------------------------------------------------------
+# --- half-closed requests -------------------------------------------------------------------------
 
 JSON_ANSWER = orjson.dumps(completion(content="All done: the bug was a missing import."))
 SSE_ANSWER = sse_events(content="All done: the bug was a missing import.")

@@ -1,5 +1,5 @@
 """The official ``anthropic`` SDK as an unmodified agent loop on the Messages API, through the real
-proxy, against a fake upstream that answers Messages-shaped JSON (issue 12, request side).
+proxy, against a fake upstream that answers Messages-shaped JSON (the request side).
 
 The agent keeps its own ``messages`` and never sees a reminder or a denial; the upstream sees the
 reminders as ``text`` blocks right after the ``tool_result`` blocks of the steps that reached a
@@ -8,7 +8,7 @@ same places on every later request. Thinking blocks (with their signatures), ``c
 and ``is_error`` reach it as the agent sent them. A conversation without a loop reaches the
 upstream byte for byte, headers (``x-api-key``, ``anthropic-version``, ``anthropic-beta``)
 included. ``messages.stream``: the upstream receives the rewritten request and the SDK reads the
-fake's SSE answer (the answer side of issue 12 is not part of these tests).
+fake's SSE answer (the answer side is pinned in tests/unit/response/test_messages_answer.py).
 """
 
 from __future__ import annotations

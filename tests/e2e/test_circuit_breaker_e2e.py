@@ -1,4 +1,4 @@
-"""circuit_breaker end to end (issue 3): the official ``openai`` SDK as an unmodified agent loop
+"""circuit_breaker end to end (DESIGN §6.2): the official ``openai`` SDK as an unmodified agent loop
 against the real proxy in front of a fake looping model; retries, restarts, a broken incident log."""
 
 from __future__ import annotations

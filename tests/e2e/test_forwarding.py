@@ -173,7 +173,7 @@ async def test_other_paths_and_methods(
         ("/api/v1", "/v1", "/api/v1"),
         ("/openai", "/v1/chat/completions?api-version=2", "/openai/chat/completions?api-version=2"),
         ("", "/v1/models", "/models"),
-        # issue 14, item 8: the base URL's own query goes with every request (Azure's api-version)
+        # the base URL's own query goes with every request (Azure's api-version)
         (
             "/openai/deployments/d?api-version=2024-02-01",
             CHAT,
@@ -875,7 +875,7 @@ async def test_disconnected_request_is_logged_too(
 
 
 async def test_expect_100_continue_is_answered_by_the_proxy_not_forwarded(make_proxy) -> None:
-    """Issue 14, item 2: curl sends ``Expect: 100-continue`` with a 2 MiB body; an upstream that
+    """Curl sends ``Expect: 100-continue`` with a 2 MiB body; an upstream that
     never sends 100 (a raw HTTP/1.1 server here, reading the head and then the body) must get a
     plain request: the proxy answers the agent's ``Expect`` itself and forwards no ``Expect``."""
     heads: list[bytes] = []
@@ -921,7 +921,7 @@ async def test_a_stream_that_stops_short_is_no_success(
     capfd: pytest.CaptureFixture[str],
     restore_structlog: Any,
 ) -> None:
-    """Issue 14, item 11: a stream that ends without a finish_reason and without [DONE] (also an
+    """A stream that ends without a finish_reason and without [DONE] (also an
     empty 200 stream, as llama-cpp-python sends when it rejects a streaming tool choice) ends with
     the error event and a broken connection, counted and logged at warning."""
     events = sse_events(content="hello world, this is long")[:3] if shape == "content_then_nothing" else []
@@ -952,7 +952,7 @@ async def test_a_stream_with_a_finish_but_no_done_is_still_a_success(
         assert (r.status, await r.read()) == (200, b"".join(events))
 
 
-# --- a stalled upstream (issue 14, item 1) ----------------------------------------------------------
+# --- a stalled upstream -----------------------------------------------------------------------------
 
 STALL = {"upstream": {"read_timeout_s": 0.3}}
 
@@ -1019,7 +1019,7 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
     restore_structlog: Any,
     guarded: bool,
 ) -> None:
-    """Issue 14, item 12: llama-cpp-python keeps the stream open for a moment after ``[DONE]``; the
+    """llama-cpp-python keeps the stream open for a moment after ``[DONE]``; the
     SDK has everything and closes. That request is logged at info, without ``disconnected``."""
     configure_logging("info")
     events = sse_events(content="all done")
@@ -1048,7 +1048,7 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
 
 
 async def test_a_request_on_a_connection_the_upstream_just_closed_is_retried_once(make_proxy, agent) -> None:
-    """Issue 14, item 10: at the upstream's keep-alive idle timeout, a request sent on the
+    """At the upstream's keep-alive idle timeout, a request sent on the
     connection it is closing fails before any answer; the proxy sends it once more on a fresh
     connection. (The raw upstream answers the first request of each connection and closes the
     connection when a second one arrives on it.)"""
@@ -1164,7 +1164,7 @@ async def broken_stream(agent: aiohttp.ClientSession, base: str) -> bytes:
 async def test_malformed_requests_are_logged_without_what_the_agent_sent(
     upstream: FakeUpstream, make_proxy, capfd: pytest.CaptureFixture[str], restore_structlog: Any
 ) -> None:
-    """Issue 14, item 3: aiohttp's traceback for a malformed header or chunked body quoted the raw
+    """aiohttp's traceback for a malformed header or chunked body quoted the raw
     bytes (``b'Authorization: Bearer sk-…\\r'``) on stderr. Now one ``bad_request`` line with the
     error's type and status, and nothing the agent sent."""
     configure_logging("info")
@@ -1196,7 +1196,7 @@ async def test_malformed_requests_are_logged_without_what_the_agent_sent(
 
 
 async def test_a_long_authorization_header_is_forwarded(upstream: FakeUpstream, make_proxy, agent) -> None:
-    """Issue 14, item 3: a 9,000-byte token (aiohttp's default limit is 8,190) reaches the upstream
+    """A 9,000-byte token (aiohttp's default limit is 8,190) reaches the upstream
     instead of becoming the proxy's own 400."""
     upstream.handler = fixed(200, b"{}")
     base = await make_proxy()

@@ -1,4 +1,4 @@
-"""Fuzzing the request side (issue 14, "Hardening"): random chat-completion bodies through
+"""Fuzzing the request side: random chat-completion bodies through
 :func:`proxy.request.rewrite.decide_request`, the pure function the server runs on every chat request.
 
 Bodies: messages of every role (and unknown ones), tool calls with arguments as JSON strings,
@@ -51,6 +51,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, build
 from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.edge.keys import STATS_KEY
 from proxy.guards import build_guards
 from proxy.request.rewrite import decide_request
@@ -58,11 +59,7 @@ from tests.helpers.proxy_server import serve
 
 
 def _guards(cfg: Config) -> tuple[Any, ...]:
-    return tuple(
-        build_guards(
-            cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-        )
-    )
+    return tuple(build_guards(cfg.guards, *progress_rules(cfg.progress)))
 
 
 CFG = Config()

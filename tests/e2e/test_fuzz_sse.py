@@ -1,4 +1,4 @@
-"""Fuzzing the streamed response side (issue 14, "Hardening"): random SSE byte streams of
+"""Fuzzing the streamed response side: random SSE byte streams of
 chat-completion chunks through :class:`proxy.response.stream_guard.StreamGuard`, split at random points
 into reads, as the relay (:mod:`proxy.edge.relay`) feeds it.
 

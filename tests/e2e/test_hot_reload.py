@@ -1,4 +1,4 @@
-"""Hot reload (issue 16): ``POST /loop-guard/reload`` (in process) and ``SIGHUP`` (the real
+"""Hot reload: ``POST /loop-guard/reload`` (in process) and ``SIGHUP`` (the real
 ``loopguard serve`` as a child process) re-read the config file. A valid file applies to the
 requests that start after it; a request in flight finishes under the config it started with; an
 invalid file, or one that changes a key only a restart can change, is rejected naming the key

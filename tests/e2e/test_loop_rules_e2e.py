@@ -1,4 +1,4 @@
-"""The issue-7 rules end to end: the real server in front of a fake model, the official ``openai``
+"""The loop rules (DESIGN §6.5) end to end: the real server in front of a fake model, the official ``openai``
 SDK as the agent. The monologue stop ends an agent's loop (streaming and not); a fresh action of a
 new rule is counted under its own name in ``GET /loop-guard``; the upstream sees the reminders."""
 
@@ -147,7 +147,7 @@ async def test_different_text_only_replies_with_the_same_harness_error_stopped_a
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_plain_chat_continue_is_never_stopped(upstream: FakeUpstream, make_proxy, stream: bool) -> None:
-    """Issue 10: a user typing "continue" for the next chapter, no tools anywhere. The model
+    """Plain chat (DESIGN §2.2): a user typing "continue" for the next chapter, no tools anywhere. The model
     answers the same text every time (the worst case); nothing is added, nothing stopped."""
     upstream.handler = text_only_model()
     base = await make_proxy()

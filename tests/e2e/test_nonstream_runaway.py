@@ -1,4 +1,4 @@
-"""Non-streaming runaway (issue 14, item 13): an agent that hangs up on a non-streaming request
+"""Non-streaming runaway: an agent that hangs up on a non-streaming request
 frees the model slot, and ``upstream.stream_json_requests`` sends such requests upstream as
 streams, assembling the one JSON answer the agent asked for (so the runaway and degenerate cuts
 apply, and servers that only stop on a closed *stream* stop).
@@ -852,7 +852,7 @@ TINY: dict[str, Any] = {
 async def test_real_llama_cpp_python_is_freed_when_the_agent_hangs_up_on_a_json_request(
     llama_url: str,
 ) -> None:
-    """Measured (issue 14, item 13): llama-cpp-python 0.3.x generates a non-streamed answer to
+    """Measured: llama-cpp-python 0.3.x generates a non-streamed answer to
     its end after the client hung up (the next request waited 181 s direct, 194 s through
     loopguard without the switch); a stream it stops at once (0.2 s). With
     ``stream_json_requests`` the agent's JSON request goes upstream as a stream, so the hang-up

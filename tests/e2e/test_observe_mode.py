@@ -1,4 +1,4 @@
-"""Observe mode end to end (issue 16): the real server in front of a fake model that loops.
+"""Observe mode end to end: the real server in front of a fake model that loops.
 
 With ``mode: observe`` the upstream receives exactly the bytes the agent sent and the agent
 exactly the bytes the upstream answered (JSON and SSE), while every action is still decided,

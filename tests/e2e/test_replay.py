@@ -1,4 +1,4 @@
-"""Capture and replay (issue 16): ``capture.*`` through the real server, ``loopguard replay``.
+"""Capture and replay: ``capture.*`` through the real server, ``loopguard replay``.
 
 - A looping session through the real server with ``capture.contents: false`` replays to the
   same actions, request by request, as the live run logged (enforce and observe, JSON and SSE).

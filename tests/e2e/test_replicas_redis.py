@@ -1,4 +1,4 @@
-"""Several replicas sharing state through a real ``redis-server`` (issue 16): two ``loopguard
+"""Several replicas sharing state through a real ``redis-server``: two ``loopguard
 serve`` processes in front of one fake upstream get alternating requests of the same
 conversations. What reaches the upstream is byte for byte what one proxy alone sends (narration
 timing and marks are shared), the two incident logs hold one line per conversation and kind (a

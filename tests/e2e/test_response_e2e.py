@@ -1,4 +1,4 @@
-"""The response side end to end (issue 5): the real server in front of a fake upstream, with the
+"""The response side end to end (DESIGN §6.4): the real server in front of a fake upstream, with the
 official ``openai`` SDK as the agent where parsing matters and raw sockets where connection
 handling matters. Timing properties are proven with events; the fake model "generates" by
 yielding to the event loop between tokens (``sleep(0)``, no wall-clock time)."""

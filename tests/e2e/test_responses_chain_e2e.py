@@ -1,4 +1,4 @@
-"""``previous_response_id`` chains through the real server (issue 11), with the official openai
+"""``previous_response_id`` chains through the real server, with the official openai
 SDK (``client.responses.create``, streamed and not) against a stateful fake Responses server that
 rebuilds the history as the real one does (and rejects a call left without its output): a looping
 chain is guarded as in full-input form and stopped; the user can go on from the stopped response;

@@ -1,5 +1,5 @@
-"""What the agent and the model send never leaves through the proxy's own outputs (issue 14,
-"Hardening"; DESIGN §7: never message content, never credentials).
+"""What the agent and the model send never leaves through the proxy's own outputs (DESIGN §7:
+never message content, never credentials).
 
 A full run of the real ``loopguard serve`` (a child process, ``--log-level debug``) in front of a
 fake model that loops, so that reminders, withholds, stops, cuts and circuit-breaker incidents

@@ -1,4 +1,4 @@
-"""Graceful shutdown (issue 14, item 4): on SIGTERM or SIGINT the proxy stops accepting, lets
+"""Graceful shutdown: on SIGTERM or SIGINT the proxy stops accepting, lets
 requests in flight finish for up to ``listen.shutdown_grace_s``, ends the rest (a stream gets the
 error event), writes their log lines and exits 0 — also as PID 1, where a process without a
 handler ignores SIGTERM (``docker stop`` would wait and SIGKILL). The real ``loopguard serve``

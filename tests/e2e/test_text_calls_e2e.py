@@ -1,4 +1,4 @@
-"""Tool calls written as text, end to end (issue 13): the official ``openai`` SDK, through the real
+"""Tool calls written as text, end to end: the official ``openai`` SDK, through the real
 proxy, in front of a fake server that answers the way a server without a tool parser does
 (Qwen3-Coder XML in ``content``), streamed and not."""
 
@@ -128,7 +128,7 @@ async def test_with_repair_off_the_sdk_receives_the_text(
 async def test_in_observe_mode_the_repair_is_counted_and_not_applied(
     upstream: FakeUpstream, sdk: Any, stream: bool, config: dict[str, Any]
 ) -> None:
-    """Issue 16 on issue 13: ``response.mode: observe`` covers the repair: the agent gets the
+    """Observe mode on text calls: ``response.mode: observe`` covers the repair: the agent gets the
     text as the model wrote it, and the repair it would have made is logged and counted as
     observed."""
     upstream.handler = text_model

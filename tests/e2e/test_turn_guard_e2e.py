@@ -1,4 +1,4 @@
-"""turn_guard end to end (issue 4): the official ``openai`` SDK as an unmodified agent loop against
+"""turn_guard end to end (DESIGN §6.3): the official ``openai`` SDK as an unmodified agent loop against
 the real proxy (the dsh-loop-guard profile) in front of a fake model stuck in a rewrite loop;
 narration with the server's clock replaced; ``GET /loop-guard?conversation=``."""
 

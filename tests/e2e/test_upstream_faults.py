@@ -1,4 +1,4 @@
-"""A misbehaving upstream on raw sockets (issue 14, the fault suite): each scenario writes exact
+"""A misbehaving upstream on raw sockets (the fault suite): each scenario writes exact
 bytes (or resets the connection) at one phase of the answer; the tests pin what the agent receives
 and how often the upstream was asked, through the real server. The stalls (before the headers,
 mid-JSON, mid-stream) are in tests/e2e/test_forwarding.py (``test_a_stalled_*``), ``Expect`` in
@@ -208,7 +208,7 @@ async def test_upstream_gone_before_its_headers_is_a_502_and_not_sent_twice(
     raw_upstream: RawUpstream, script: Script, stream: bool
 ) -> None:
     """The request reached the upstream: sending it again could run a generation twice, so the
-    stale keep-alive retry (item 10) never applies to a fresh connection."""
+    stale keep-alive retry never applies to a fresh connection."""
     raw_upstream.script = script
     got, elapsed, stats = await request(raw_upstream, stream)
     status, body = status_and_body(got)

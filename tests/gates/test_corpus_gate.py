@@ -1,4 +1,4 @@
-"""Corpus gate (issue 7): every loop fixture is acted on in time, no legit fixture is blocked.
+"""Corpus gate: every loop fixture is acted on in time, no legit fixture is blocked.
 
 Replays each fixture of ``tests/fixtures/loops`` (or ``$LOOPGUARD_LOOP_FIXTURES``) through the real
 server with the shipped default config (:mod:`tests.helpers.corpus`). Run with ``-s`` to see the table.
@@ -52,7 +52,7 @@ async def test_corpus_gate(stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_responses_form_acts_at_the_same_calls_as_chat_form(stream: bool) -> None:
-    """Issue 11: every fixture converted to Responses items and replayed on ``POST /v1/responses``
+    """Every fixture converted to Responses items and replayed on ``POST /v1/responses``
     (answers as ``response`` objects / events) gets the same actions at the same calls, by the
     same rules, as in chat form: the two tables agree row by row, and so does every action."""
     chat = await _all(stream)
@@ -67,7 +67,7 @@ async def test_responses_form_acts_at_the_same_calls_as_chat_form(stream: bool) 
 @pytest.mark.parametrize("form", ["hermes", "xml", "xml_user"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_text_form_acts_at_the_same_calls_as_structured_form(stream: bool, form: str) -> None:
-    """Issue 13: every fixture with its calls written as text (hermes blocks, or Qwen3-Coder XML;
+    """Every fixture with its calls written as text (hermes blocks, or Qwen3-Coder XML;
     results as tool messages, or for ``xml_user`` as ``<tool_response>`` user messages), the
     answers too, gets the same actions at the same calls, by the same rules, as in structured
     form: the request side reads the text calls, and the agent receives the answers' calls
@@ -386,7 +386,7 @@ def test_compare_lists_each_fixture_that_differs_with_both_outcomes() -> None:
     assert compare(chat, chat) == []
 
 
-# --- Anthropic Messages form (issue 12) ----------------------------------------------------------
+# --- Anthropic Messages form ---------------------------------------------------------------------
 
 
 def request_side(r: Replay) -> tuple[list[tuple[int, str, tuple[str, ...]]], list[tuple[int, int, str]], int]:
@@ -417,7 +417,7 @@ async def test_messages_form_gets_the_same_request_side_actions_as_chat_form(str
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_messages_form_acts_at_the_same_calls_as_chat_form(stream: bool) -> None:
-    """Issue 12: every fixture in Messages form gets the same actions at the same calls as in
+    """Every fixture in Messages form gets the same actions at the same calls as in
     chat form, the answer side's included (the two tables agree row by row)."""
     differences = compare(await _all(stream), await _all(stream, "messages"))
     assert not differences, f"{len(differences)} of {len(FIXTURES)} fixtures differ:\n" + "\n".join(

@@ -1,6 +1,7 @@
-"""The issue-7 rules on the loop fixtures (tests/fixtures/loops), request side, rule by rule: the
-first call each rule acts at, pinned. Legit fixtures get nothing from these rules; the corpus gate
-(tests/gates/test_corpus_gate.py) checks the whole proxy end to end."""
+"""The loop rules (recurrence, cycles, repeated_failure, monologue, echo_loop; DESIGN §6.5) on the
+loop fixtures (tests/fixtures/loops), request side, rule by rule: the first call each rule acts at,
+pinned. Legit fixtures get nothing from these rules; the corpus gate (tests/gates/test_corpus_gate.py)
+checks the whole proxy end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Real-runs gate (issue 10): recorded agent runs replayed through the real server.
+"""Real-runs gate (DESIGN §2.2): recorded agent runs replayed through the real server.
 
 The runs are third-party data read where they lie (``../shared/fixtures/realtraj`` from the project
 root, or ``$LOOPGUARD_REALTRAJ``); without them the gate tests are skipped, saying where they were

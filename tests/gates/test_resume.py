@@ -1,4 +1,4 @@
-"""Guards that resume from a kept state (issue 15, :mod:`proxy.guards.resume`) decide exactly what
+"""Guards that resume from a kept state (:mod:`proxy.guards.resume`) decide exactly what
 the whole-transcript run decides.
 
 Every conversation is replayed a request at a time (the history before each assistant message, as
@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from proxy.config import Config, build
+from proxy.core.effects import progress_rules
 from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Context, Guard, build_guards, evaluate
 from proxy.guards.narration import Narration
@@ -46,7 +47,7 @@ def _config(every: bool, observe: Sequence[str] = ()) -> Config:
 
 def _guards(cfg: Config) -> tuple[Guard, ...]:
     p = cfg.progress
-    return build_guards(cfg.guards, p.compiled(), p.effects(), p.continuations())
+    return build_guards(cfg.guards, *progress_rules(p))
 
 
 DEFAULTS = _guards(_config(False))

@@ -1,4 +1,5 @@
-"""A small builder of OpenAI chat histories, step by step, for the turn-guard and narration tests."""
+"""A small builder of OpenAI chat histories, step by step (each step: calls and their results), for
+the guard, rule and progress tests that need a conversation but no wire."""
 
 from __future__ import annotations
 

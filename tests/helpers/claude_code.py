@@ -1,5 +1,5 @@
 """Harness for running the real Claude Code (``@anthropic-ai/claude-code`` from npm) headless
-against loopguard (issue 12: Anthropic Messages guarded end to end).
+against loopguard (Anthropic Messages guarded end to end).
 
 Install: the version pinned in ``.ci/claude-code-version``, into its own cache outside the repo
 (``${LOOPGUARD_NPM_CLAUDE_CACHE:-~/.cache/loopguard-npm-claude}``; not the Codex prefix: ``npm

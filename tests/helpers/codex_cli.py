@@ -1,5 +1,5 @@
 """Harness for running the real Codex CLI (``@openai/codex`` from npm) headless against loopguard
-(issue 11: the Responses API guarded end to end).
+(the Responses API guarded end to end).
 
 Install: the version pinned in ``.ci/codex-version``, into a cache outside the repo
 (``${LOOPGUARD_NPM_CACHE:-~/.cache/loopguard-npm}``), done by ``.ci/run``::

@@ -1,4 +1,4 @@
-"""Corpus gate harness (issue 7): replay loop fixtures through the real server, black-box.
+"""Corpus gate harness: replay loop fixtures through the real server, black-box.
 
 Each fixture (``tests/fixtures/loops/*.json``, schema in ``tests/fixtures/README.md``; the directory
 is ``$LOOPGUARD_LOOP_FIXTURES`` when set) is replayed one assistant message at a time: the history
@@ -33,7 +33,7 @@ The same replay runs in the Responses dialect (``dialect="responses"``, :class:`
 the fixture converted to input items posted to ``/v1/responses``, each answer a ``response``
 object or its SSE events, and what reached the upstream read back as chat messages, so that the
 reading above and the call numbers are the same; :func:`compare` lists the fixtures on which the
-proxy acted differently in the two forms (issue 11). Likewise in Anthropic Messages
+proxy acted differently in the two forms. Likewise in Anthropic Messages
 (``dialect="messages"``, :class:`MessagesWire`) and the Gemini API (``dialect="gemini"``,
 :class:`GeminiWire`).
 
@@ -594,7 +594,7 @@ class GeminiWire(ChatWire):
 
 
 class TextWire(ChatWire):
-    """Chat completions with every call written as text (issue 13, :mod:`tests.helpers.text_form`):
+    """Chat completions with every call written as text (:mod:`tests.helpers.text_form`):
     ``form`` ``hermes`` or ``xml``, results as ``tool`` messages (``results = "tool"``) or as
     ``<tool_response>`` user messages (``"user"``); the answers are text too, and the agent
     receives them as structured calls (the proxy's repair, on by default)."""

@@ -1,5 +1,5 @@
 """A scripted fake Anthropic Messages server (``POST /v1/messages``) for agent harness tests
-(issue 12: Claude Code through loopguard).
+(Claude Code through loopguard).
 
 It answers as the real API does (https://docs.anthropic.com/en/api/messages-streaming): with
 ``stream: true`` an SSE stream of ``event: <type>`` / ``data: {"type": <type>, …}`` frames

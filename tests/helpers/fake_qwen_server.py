@@ -1,5 +1,5 @@
 """A scripted fake OpenAI chat-completions server (``POST /v1/chat/completions``) for the Qwen Code
-harness (issue 13): it can answer the way a local Qwen server *without a tool-call parser* does
+harness: it can answer the way a local Qwen server *without a tool-call parser* does
 (vLLM without ``--tool-call-parser``, llama.cpp without ``--jinja``, SGLang without one): the
 model's call arrives as Qwen3-Coder XML in ``message.content``, ``finish_reason: "stop"``, no
 ``tool_calls``::

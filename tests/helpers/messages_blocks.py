@@ -1,4 +1,4 @@
-"""Chat messages in Anthropic Messages form, and back (issue 12): the corpus gate's Messages replay
+"""Chat messages in Anthropic Messages form, and back: the corpus gate's Messages replay
 (:class:`tests.helpers.corpus.MessagesWire`) and the dialect's tests.
 
 :func:`trace_blocks` converts a chat conversation so that every chat message is one transcript

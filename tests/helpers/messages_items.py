@@ -1,4 +1,4 @@
-"""Anthropic Messages answers for tests (issue 12): a ``message`` object and its SSE events, as the
+"""Anthropic Messages answers for tests: a ``message`` object and its SSE events, as the
 Messages API streams them (``event:`` lines, ``ping`` between blocks, the first ``input_json_delta``
 empty, ``message_delta`` with ``usage.output_tokens``)."""
 

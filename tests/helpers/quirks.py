@@ -1,4 +1,5 @@
-"""Streamed tool-call responses as real servers send them, one fixture per quirk (issue 5).
+"""Streamed tool-call responses as real servers send them, one fixture per quirk
+(missing indexes, repeated ids, arguments sent as objects: DESIGN §6.4).
 
 Each :class:`Quirk` is the exact upstream bytes of one streamed chat completion and the calls an
 agent must end up with, as ``(id, name, arguments)`` (arguments as the JSON text the agent runs;

@@ -1,5 +1,5 @@
 """Harness for running the real Qwen Code CLI (``@qwen-code/qwen-code`` from npm) headless against
-loopguard (issue 13: local Qwen whose tool calls arrive as text).
+loopguard (local Qwen whose tool calls arrive as text).
 
 Install: the version pinned in ``.ci/qwen-code-version``, into its own prefix in the npm cache
 outside the repo (``${LOOPGUARD_NPM_CACHE:-~/.cache/loopguard-npm}/qwen-code``), done by

@@ -1,4 +1,5 @@
-"""Real-runs gate harness (issue 10): replay recorded agent runs through the real server.
+"""Real-runs gate harness (DESIGN §2.2: judged on real recorded runs): replay recorded agent runs
+through the real server.
 
 The runs are third-party data read where they lie, never copied into the project:
 ``../shared/fixtures/realtraj/*.json`` from the project root, or ``$LOOPGUARD_REALTRAJ`` (fields in

@@ -1,4 +1,5 @@
-"""Reminder facts (issue 10): is what a reminder says true of the conversation before it?
+"""Reminder facts (DESIGN §2.2: every reminder's text is true of the transcript): is what a reminder
+says true of the conversation before it?
 
 :func:`check_reminder` takes ``history`` (the messages the agent sent in that request, up to the
 reminder's position: OpenAI chat format, the message a reminder was appended to included as the

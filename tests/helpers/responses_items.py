@@ -1,5 +1,5 @@
 """Chat-completions messages → Responses ``input`` items, for tests that replay chat conversations
-in the Responses dialect (issue 11: the same rules must act at the same call in both forms)."""
+in the Responses dialect (the same rules must act at the same call in both forms)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One check for every resumable guard's own tests (issue 15, :mod:`proxy.guards.resume`): a state
+"""One check for every resumable guard's own tests (:mod:`proxy.guards.resume`): a state
 advanced up to a cut, then over the rest (itself and an independent copy of it), decides what the
 whole-transcript call decides."""
 

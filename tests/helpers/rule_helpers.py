@@ -1,5 +1,6 @@
-"""Helpers for the issue-7 rule tests: run one guard over a :class:`tests.helpers.agent_steps.History`
-and describe its actions by call number."""
+"""Helpers for the rule tests (the loop rules, same_target, escalation, and the gates that run them
+on fixtures and recorded runs): run one guard over a :class:`tests.helpers.agent_steps.History` and
+describe its actions by call number."""
 
 from __future__ import annotations
 

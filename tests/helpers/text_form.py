@@ -1,4 +1,4 @@
-"""Loop fixtures with their calls written as text (issue 13), for the corpus gate.
+"""Loop fixtures with their calls written as text, for the corpus gate.
 
 A fixture's chat messages become what an agent talking to a server without a tool parser (or an
 agent in an XML mode) sends: every assistant message's ``tool_calls`` are written into its

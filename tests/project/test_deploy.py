@@ -1,4 +1,4 @@
-"""The compose deployment (issue 16, ``deploy/``) without running its containers: loopguard's own
+"""The compose deployment (``deploy/``) without running its containers: loopguard's own
 ``check-config`` accepts the config the compose file mounts (listening on all interfaces only
 because that file says so), Prometheus scrapes the route the server serves its metrics on, and
 every metric the Grafana dashboard queries is one loopguard exports."""

@@ -1,4 +1,5 @@
-"""Configuration of the issue-7 rules: defaults, validation naming the key, the registry, the
+"""Configuration of the loop rules beyond exact repeats (recurrence, cycles, repeated_failure,
+monologue, echo_loop): defaults, validation naming the key, the registry, the
 shipped default file and the seed profiles."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ def test_defaults_match_the_issue() -> None:
         "max_calls_per_response": 32,
         "max_identical_per_response": 2,
         "degenerate_text": {"enabled": True, "min_repeats": 10, "min_chars": 200, "max_period": 500},
-        "repair_text_tool_calls": True,  # issue 13
+        "repair_text_tool_calls": True,
         "mode": "enforce",
     }
 

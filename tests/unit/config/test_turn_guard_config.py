@@ -1,4 +1,4 @@
-"""guards.turn_guard configuration (issue 4): defaults, validation naming the key, the seed profile."""
+"""guards.turn_guard configuration (DESIGN §6.3): defaults, validation naming the key, the seed profile."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_seed_profile_enables_only_the_turn_guard_with_the_seed_numbers() -> Non
         mute_after_trip=True,
         narrate_after_ms=180_000,
         narrate_every_ms=240_000,
-        progress_aware=False,  # issue 7: the seed compares arguments only
+        progress_aware=False,  # the seed compares arguments only
     )
     assert (cfg.guards.repeat_reminder.enabled, cfg.guards.circuit_breaker.enabled) == (False, False)
     assert [g.name for g in build_guards(cfg.guards)] == ["turn_guard", "narration"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Config, build
-from proxy.core.effects import EffectRule, epochs
+from proxy.core.effects import EffectRule, epochs, progress_rules
 from proxy.core.failures import FailureRule, cancelled
 from proxy.core.transcript import ToolResult
 from proxy.dialects import anthropic_messages
@@ -111,9 +111,7 @@ def test_nine_cancelled_edits_change_nothing() -> None:
 
 def _actions(messages: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
     cfg = build(Config, default_config())
-    guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-    )
+    guards = build_guards(cfg.guards, *progress_rules(cfg.progress))
     t = anthropic_messages.parse_request({"messages": messages})
     return [(a.rule, a.kind, a.count) for a in evaluate(t, guards, Context())]
 

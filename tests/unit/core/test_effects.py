@@ -1,4 +1,4 @@
-"""What a call may change (issue 10, proxy/core/effects.py) and what a call is on (proxy/core/targets.py):
+"""What a call may change (proxy/core/effects.py) and what a call is on (proxy/core/targets.py):
 the facts behind "the same call in the same situation"."""
 
 from __future__ import annotations
@@ -9,7 +9,15 @@ import pytest
 
 from proxy.config import Config, build
 from proxy.core.canonical import INVALID
-from proxy.core.effects import EditLedger, EffectRule, Situations, epochs, is_mutation, shell_read_only
+from proxy.core.effects import (
+    EditLedger,
+    EffectRule,
+    Situations,
+    effect_rule,
+    epochs,
+    is_mutation,
+    shell_read_only,
+)
 from proxy.core.failures import FailureRule, RejectionRule
 from proxy.core.targets import TargetRule, call_on, subcommand
 from proxy.errors import ConfigError
@@ -90,7 +98,7 @@ def test_configured_tool_patterns() -> None:
     rule = EffectRule(read_only_tools=("run_linter",), state_changing_tools=("read_and_mark",))
     assert (rule.may_change("run_linter", {}), rule.may_change("read_and_mark", {})) == (False, True)
     cfg = build(Config, {"progress": {"read_only_tools": ["run_linter"], "read_only_commands": ["cat"]}})
-    assert cfg.progress.effects().may_change("bash", {"command": "grep x a"}) is True
+    assert effect_rule(cfg.progress).may_change("bash", {"command": "grep x a"}) is True
     with pytest.raises(ConfigError) as e:
         build(Config, {"progress": {"read_only_commands": ["cat", " "]}})
     assert "progress.read_only_commands[1]: must not be empty" in str(e.value)

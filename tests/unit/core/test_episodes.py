@@ -1,4 +1,4 @@
-"""Episodes (issue 10, defect 8): loops that span user messages. A compaction summary, a short
+"""Episodes: loops that span user messages. A compaction summary, a short
 "continue" or a harness's format error is not a new request; the same calls with the same
 results on both sides are one loop. What the user must be able to reset (the stop ladder) still
 restarts at every user message."""
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Config, build
+from proxy.core.effects import progress_rules
 from proxy.core.episodes import ContinuationRule, episodes
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
@@ -80,9 +81,7 @@ def test_episode_numbers_skip_continuations() -> None:
 def described(h: History, config: dict[str, Any] | None = None) -> list[tuple[int, str, str]]:
     cfg = build(Config, config or {})
     t = transcript(h)
-    guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-    )
+    guards = build_guards(cfg.guards, *progress_rules(cfg.progress))
     return sorted((call_at(t, a), a.kind, a.rule) for a in evaluate(t, guards, Context()))
 
 
@@ -128,9 +127,7 @@ def test_continue_after_a_stop_is_a_fresh_start_for_the_stop_ladder() -> None:
     h = History().steps([read] * 8).user("continue")
     cfg = Config()
     t = transcript(h)
-    guards = build_guards(
-        cfg.guards, cfg.progress.compiled(), cfg.progress.effects(), cfg.progress.continuations()
-    )
+    guards = build_guards(cfg.guards, *progress_rules(cfg.progress))
     ctx = Context()
     judge = StopJudge(t, evaluate(t, guards, ctx), guards, ctx, cfg)
     assert judge.withheld == 0

@@ -1,4 +1,4 @@
-"""Failure classification of tool results (proxy.core.failures, issues 4 and 10): the default patterns on
+"""Failure classification of tool results (proxy.core.failures): the default patterns on
 both sides of the line, the explicit exit status and its precedence, the JSON rule, the protocol
 flag, edge-only matching, custom patterns, the default user-rejection patterns, and pinned counts
 on recorded agent runs (read from ../shared/fixtures/realtraj or $LOOPGUARD_REALTRAJ)."""
@@ -101,7 +101,7 @@ FAILURES = [
     ("python_traceback", TRACEBACK, P_TRACEBACK),
     ("prints_then_traceback_last_line", PRINTS_THEN_TRACEBACK, P_EXCEPTION),
     ("bare_assertion_error_last_line", "collected 3 items\nrunning checks\nAssertionError", P_EXCEPTION),
-    ("issue_exit_code_2", "exit code 2", P_EXIT),
+    ("exit_code_2", "exit code 2", P_EXIT),
     ("mini_swe_agent_returncode_1_empty_output", "<returncode>1</returncode>\n<output>\n</output>", P_EXIT),
     (
         "mini_swe_agent_returncode_1_clean_output",
@@ -120,8 +120,8 @@ FAILURES = [
         "<returncode>0</returncode>\n<output>\nrunning checks\nexit code: 1\n</output>",
         P_EXIT,
     ),
-    ("issue_exit_code_colon_1", "Exit code: 1", P_EXIT),
-    ("issue_exited_with_code_127", "exited with code 127", P_EXIT),
+    ("exit_code_colon_1", "Exit code: 1", P_EXIT),
+    ("exited_with_code_127", "exited with code 127", P_EXIT),
     (
         "codex_exit_header",
         "Exit code: 1\nWall time: 0.4 seconds\nOutput:\nFAILED tests/test_api.py::test_login",
@@ -213,7 +213,7 @@ FAILURES = [
 ]
 
 SUCCESSES = [
-    ("issue_grep_hit", "src/errors.py:10: class ErrorHandler"),
+    ("grep_hit_naming_an_error_class", "src/errors.py:10: class ErrorHandler"),
     (
         "grep_hits_mentioning_errors",
         "src/errors.py:10:class ErrorHandler(Exception):\n"
@@ -245,7 +245,7 @@ SUCCESSES = [
         "collected 12 items\n\ntests/test_errors.py ............                    [100%]\n\n"
         "============================== 12 passed in 0.31s ==============================",
     ),
-    ("issue_exit_code_0", "exit code 0"),
+    ("exit_code_0", "exit code 0"),
     (
         "mini_swe_agent_returncode_0_around_grep_hits",
         "<returncode>0</returncode>\n<output>\nError: config not found\nERROR: could not connect\n"

@@ -1,4 +1,4 @@
-"""Progress-aware repeats (issue 7): masks, result comparison, the judge, the three guards, config,
+"""Progress-aware repeats (DESIGN §6.5): masks, result comparison, the judge, the three guards, config,
 and the false-positive guard rails (pinned through the pure pipeline and the real server)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def r(text: str, is_error: bool | None = None, pending: bool = False) -> ToolRes
         ("started pid 4242", f"started {MASK}"),
         ("PID: 17 exited", f"{MASK} exited"),
         ("Output: hello\nProcess Group PGID: 16299", f"Output: hello\nProcess Group {MASK}"),
-        # issue 10, defect 7: line numbers and counts that shift when a file is edited
+        # line numbers and counts that shift when a file is edited
         ("[File: /app/config.py (90 lines total)]", f"[File: /app/config.py ({MASK} lines total)]"),
         ("(216 more lines above)", f"({MASK} more lines above)"),
         ('  File "reproduce.py", line 19, in <module>', f'  File "reproduce.py", line {MASK}, in <module>'),
@@ -136,7 +136,7 @@ TB = (
     ],
 )
 def test_line_number_noise_is_not_progress_but_content_is(a: str, b: str, same: bool) -> None:
-    """Issue 10, defect 7: two errors alternating with only line numbers changing are the same
+    """Two errors alternating with only line numbers changing are the same
     results; any change in what a line says is a new result."""
     assert same_result(r(a), r(b), DEFAULT_MASKS) is same
 
@@ -183,7 +183,7 @@ def test_bad_masks_fail_naming_the_key(masks: list[str], key: str) -> None:
 
 def test_no_masks_means_byte_identical_results() -> None:
     cfg = build(Config, {"progress": {"masks": []}})
-    assert cfg.progress.compiled().regex is None
+    assert compile_masks(cfg.progress.masks).regex is None
 
 
 @pytest.mark.parametrize("profile", ["dsh-repeat-tool-guard", "dsh-circuit-breaker", "dsh-loop-guard"])
@@ -198,7 +198,7 @@ def test_seed_profiles_compare_arguments_only(profile: str) -> None:
 
 def decide(h: History, config: dict[str, Any] | None = None) -> list[Action]:
     cfg = build(Config, config or {})
-    guards = build_guards(cfg.guards, cfg.progress.compiled())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks))
     return list(decide_request(h.body(), {}, guards, ()).actions)
 
 
@@ -321,7 +321,7 @@ def stop_for(h: History) -> Stop | None:
     from proxy.dialects import openai_chat
 
     t = openai_chat.parse_request(orjson.loads(h.body()))
-    guards = build_guards(cfg.guards, cfg.progress.compiled())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks))
     ctx = Context()
     from proxy.guards import evaluate
 

@@ -1,6 +1,7 @@
-"""Reminder facts (issue 10): each checker of :mod:`tests.helpers.reminder_facts` on small hand-written
-histories, a true and a false case per reminder text with the exact violations, and the checkers
-reading the texts the guards write today (a reworded template fails here first)."""
+"""Reminder facts (DESIGN §2.2: every reminder's text is true): each checker of
+:mod:`tests.helpers.reminder_facts` on small hand-written histories, a true and a false case per
+reminder text with the exact violations, and the checkers reading the texts the guards write today
+(a reworded template fails here first)."""
 
 from __future__ import annotations
 

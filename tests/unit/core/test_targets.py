@@ -1,4 +1,4 @@
-"""Target of a tool call (proxy.core.targets, issue 4): first present argument, whitespace-normalized,
+"""Target of a tool call (proxy.core.targets): first present argument, whitespace-normalized,
 per-tool overrides, command words."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Anthropic Messages dialect, request side (issue 12): parse_request (messages → Transcript over
+"""Anthropic Messages dialect, request side: parse_request (messages → Transcript over
 slots), apply (actions → byte edits), the same rules acting at the same call as in chat form,
 path matching, and the real server guarding ``POST /v1/messages``."""
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, build
 from proxy.core.actions import Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import anthropic_messages, for_path, openai_chat, openai_responses
 from proxy.dialects.anthropic_messages import Slot, apply, parse_request, slots
@@ -28,9 +29,7 @@ from tests.helpers.fakes import FakeUpstream, repeated_call_messages
 from tests.helpers.messages_blocks import message_events, messages_body
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 
 def text(t: str, **extra: Any) -> dict[str, Any]:
@@ -569,9 +568,7 @@ FUZZ_GUARDS = (
     GUARDS,
     build_guards(
         build(Config, {"guards": {"repeat_reminder": {"inject_as": "tool_suffix"}}}).guards,
-        CFG.progress.compiled(),
-        CFG.progress.effects(),
-        CFG.progress.continuations(),
+        *progress_rules(CFG.progress),
     ),
 )
 _ids = st.sampled_from(["t1", "t2", "t3", None])

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.core.actions import Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import anthropic_messages, for_path, gemini, openai_chat, openai_responses
 from proxy.dialects.gemini import Slot, apply, matches, parse_request, slots
@@ -31,9 +32,7 @@ from tests.helpers.fakes import FakeUpstream, repeated_call_messages
 from tests.helpers.gemini_contents import answer_object, gemini_body
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 
 def user(*parts: Any) -> dict[str, Any]:

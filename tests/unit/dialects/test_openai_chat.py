@@ -492,7 +492,7 @@ def test_apply_nothing_applicable_returns_false_and_leaves_body(actions: list[An
     assert body == before
 
 
-# --- apply: bytes the guards did not touch leave as they came (issue 14, items 5 and 6) ----------------
+# --- apply: bytes the guards did not touch leave as they came ------------------------------------------
 
 RAW = (
     b'{ "model" : "m", "seed": 18446744073709551617, "temperature": 1.0, "top_p": 1E0,\n'

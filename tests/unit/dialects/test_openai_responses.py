@@ -1,4 +1,4 @@
-"""OpenAI Responses dialect, request side (issue 11): parse_request (input items → Transcript),
+"""OpenAI Responses dialect, request side: parse_request (input items → Transcript),
 apply (actions → byte edits), the same rules acting at the same call as in chat form, and the
 real server guarding ``POST /v1/responses``."""
 
@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.core.actions import Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.transcript import Said, Step, ToolResult
 from proxy.dialects import for_path, openai_chat, openai_responses
 from proxy.dialects.openai_responses import apply, parse_request
@@ -25,9 +26,7 @@ from tests.helpers.fakes import FakeUpstream, repeated_call_messages
 from tests.helpers.responses_items import responses_body
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 
 def user(text: str = "Fix app.py") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Tool calls written as text (issue 13): the parser, the chat request side, and the repair of
+"""Tool calls written as text: the parser, the chat request side, and the repair of
 answers in JSON and SSE (split at every byte boundary), without sockets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Incident records (DESIGN §6.2, issue 3): which denials are incidents, de-duplication, the JSONL
+"""Incident records (DESIGN §6.2): which denials are incidents, de-duplication, the JSONL
 writer (background, flushed per line, failures logged once)."""
 
 from __future__ import annotations

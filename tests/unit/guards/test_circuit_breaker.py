@@ -1,4 +1,4 @@
-"""circuit_breaker guard (DESIGN §6.2, issue 3): pure tests over message lists, no sockets."""
+"""circuit_breaker guard (DESIGN §6.2): pure tests over message lists, no sockets."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def decide(messages: list[dict[str, Any]], config: dict[str, Any] | None = None)
     return decide_request(raw, {}, build_guards(cfg.guards), cfg.conversation_key.headers)
 
 
-# --- the issue's exact cases ----------------------------------------------------------------------
+# --- each limit at its default number (DESIGN §6.2) -----------------------------------------------
 
 
 def test_twenty_identical_calls_withhold_results_of_calls_7_to_20() -> None:
@@ -376,7 +376,7 @@ def test_defaults() -> None:
     assert [type(g).__name__ for g in build_guards(Config().guards)] == [
         "RepeatReminder",
         "CircuitBreaker",
-        *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # issue 7
+        *("Recurrence", "Cycles", "RepeatedFailure", "Monologue", "EchoLoop"),  # loop rules, §6.5
         *("SameTarget", "Waiting", "Escalation"),  # progress-aware rules; a long wait's reminder
     ]
 
@@ -433,7 +433,7 @@ def test_config_accepts(data: dict[str, Any]) -> None:
         assert getattr(cfg, k) == (tuple(v) if isinstance(v, list) else v)
 
 
-# --- resuming from a kept state (issue 15) ------------------------------------------------------
+# --- resuming from a kept state -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

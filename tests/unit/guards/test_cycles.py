@@ -1,4 +1,4 @@
-"""cycles (R5, issue 7): a period of 2-5 calls, compared by tool and target, repeated 3 times →
+"""cycles (DESIGN §6.5): a period of 2-5 calls, compared by tool and target, repeated 3 times →
 reminder; the 4th repetition → withhold (progress-aware)."""
 
 from __future__ import annotations

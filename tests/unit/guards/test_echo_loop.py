@@ -1,4 +1,4 @@
-"""echo_loop (issue 7, fixture T3): the same command template re-run with only a quoted literal
+"""echo_loop (the loop fixture T3): the same command template re-run with only a quoted literal
 changed while the output just echoes it."""
 
 from __future__ import annotations

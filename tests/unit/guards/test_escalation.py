@@ -1,4 +1,4 @@
-"""The escalation ladder and same_target (issue 10, defect 11; DESIGN §2.2): reminders the model
+"""The escalation ladder and same_target (DESIGN §2.2): reminders the model
 ignores lead to a withheld result, then to the end of the turn — including loops whose arguments
 drift, which no exact-match rule sees."""
 
@@ -14,6 +14,8 @@ import pytest
 
 from proxy.config import Config, EscalationConfig, build
 from proxy.core.actions import Remind, Stop, Withhold
+from proxy.core.effects import effect_rule
+from proxy.core.volatile import compile_masks
 from proxy.dialects import openai_chat
 from proxy.errors import ConfigError
 from proxy.guards import Context, build_guards, evaluate
@@ -40,7 +42,9 @@ def drift(i: int) -> dict[str, Any]:
 def actions(h: History, config: dict[str, Any] | None = None) -> list[Any]:
     cfg = build(Config, config or {})
     t = transcript(h)
-    return evaluate(t, build_guards(cfg.guards, cfg.progress.compiled(), cfg.progress.effects()), Context())
+    return evaluate(
+        t, build_guards(cfg.guards, compile_masks(cfg.progress.masks), effect_rule(cfg.progress)), Context()
+    )
 
 
 def described(h: History, config: dict[str, Any] | None = None) -> list[tuple[int, str, str]]:
@@ -52,7 +56,7 @@ def described(h: History, config: dict[str, Any] | None = None) -> list[tuple[in
 def stop_of(h: History, answer: AssembledCall, config: dict[str, Any] | None = None) -> Stop | None:
     cfg = build(Config, config or {})
     t = transcript(h)
-    guards = build_guards(cfg.guards, cfg.progress.compiled(), cfg.progress.effects())
+    guards = build_guards(cfg.guards, compile_masks(cfg.progress.masks), effect_rule(cfg.progress))
     ctx = Context()
     return StopJudge(t, evaluate(t, guards, ctx), guards, ctx, cfg)([answer])
 
@@ -376,7 +380,7 @@ def test_a_new_request_starts_the_ladder_from_the_bottom() -> None:
     assert [call_at(t, a) for a in actions(h) if isinstance(a, Withhold) and a.rule == "escalation"] == [6]
 
 
-# --- resuming from a kept state (issue 15) ------------------------------------------------------
+# --- resuming from a kept state -----------------------------------------------------------------
 
 
 def test_a_target_first_reminded_after_the_cut_is_judged_from_its_first_call() -> None:

@@ -1,4 +1,4 @@
-"""monologue (R6, issue 7): the same assistant text in 3 assistant messages in a row, or text-only
+"""monologue (DESIGN §6.5): the same assistant text in 3 assistant messages in a row, or text-only
 replies each answered with the same harness message → reminder; the 4th → stop (response side)."""
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ SPLITS = {
 def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
     history: History, expected: list[tuple[int, str, int]]
 ) -> None:
-    """Issue 15: the state after any message position, advanced (or a copy of it) over the rest,
+    """Resumable: the state after any message position, advanced (or a copy of it) over the rest,
     decides what the whole-transcript call decides."""
     whole = assert_resumes(guard(), transcript(history))
     assert [(a.after, a.delivery, a.count) for a in whole] == expected

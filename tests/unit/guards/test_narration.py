@@ -1,4 +1,4 @@
-"""Narration (issue 4) and the per-conversation state behind it (proxy.core.state, proxy.request.memory).
+"""Narration (DESIGN §6.3) and the per-conversation state behind it (proxy.core.state, proxy.request.memory).
 
 Requests go through the same pure pipeline the server runs (decide_request with the remembered
 state, then Memory.commit) with an injected clock: no sockets, no sleeping."""
@@ -81,7 +81,7 @@ TEXT_3_MIN = (
 )
 
 
-# --- the issue's exact cases ----------------------------------------------------------------------
+# --- the default times, to the second (DESIGN §6.3) -----------------------------------------------
 
 
 def test_fires_at_exactly_180_s_of_silence_not_at_179() -> None:

@@ -1,4 +1,4 @@
-"""Plain chat is never touched (issue 10, DESIGN §2.2): a conversation without any tool call is
+"""Plain chat is never touched (DESIGN §2.2): a conversation without any tool call is
 forwarded byte for byte and its answers are never stopped, whatever the user and the model say —
 repeated user messages ("continue", "again") and repeated answers included. Property test over
 the pure request and response sides the server runs (the end-to-end case through the real
@@ -13,15 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import Config
+from proxy.core.effects import progress_rules
 from proxy.guards import Context, build_guards
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import StopJudge, decide_json
 from tests.helpers.fakes import completion
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 _words = st.sampled_from(
     ["continue", "again", "go on", "the", "story", "chapter", "dragon", "castle", "Why?", "ok", "No", "more"]

@@ -1,4 +1,4 @@
-"""recurrence (R2, issue 7): the same call for the 3rd time within 20 calls of a turn, not all in a
+"""recurrence (DESIGN §6.5): the same call for the 3rd time within 20 calls of a turn, not all in a
 row, progress-aware."""
 
 from __future__ import annotations

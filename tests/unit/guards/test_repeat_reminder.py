@@ -53,7 +53,7 @@ def messages(*spec: Any) -> list[dict[str, Any]]:
             n += 1
         msgs.append({"role": "assistant", "content": None, "tool_calls": wire})
         if not isinstance(item, Pending):
-            # the same call gets the same result (a repeat, not progress: issue 7)
+            # the same call gets the same result (a repeat, not progress)
             for cid, (name, _) in zip(ids, calls, strict=True):
                 msgs.append({"role": "tool", "tool_call_id": cid, "content": f"result of {name}"})
     return msgs

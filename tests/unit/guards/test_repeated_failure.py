@@ -1,4 +1,4 @@
-"""repeated_failure (R4, issue 7): one tool failing 3 times in a row on one target; re-issuing a
+"""repeated_failure (DESIGN §6.5): one tool failing 3 times in a row on one target; re-issuing a
 call that failed or that the user rejected."""
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ SPLITS = {
 def test_advanced_in_two_parts_anywhere_gives_the_whole_run(
     history: History, expected: list[tuple[str, int, int]]
 ) -> None:
-    """Issue 15: the state after any message position, advanced (or a copy of it) over the rest,
+    """Resumable: the state after any message position, advanced (or a copy of it) over the rest,
     decides what the whole-transcript call decides."""
     g = guard()
     assert summary(g, history) == expected

@@ -1,5 +1,5 @@
-"""same_target (R3, issue 10): the same tool on one target, arguments drifting, the result not
-changing → reminder at the thresholds; resumable (issue 15): split anywhere, the same actions."""
+"""same_target (DESIGN §2.2): the same tool on one target, arguments drifting, the result not
+changing → reminder at the thresholds; resumable: split anywhere, the same actions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""turn_guard (DESIGN §6.3, issue 4): pure tests over message lists, no sockets."""
+"""turn_guard (DESIGN §6.3): pure tests over message lists, no sockets."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from tests.helpers.resume_check import assert_resumes
 
 OK = "ok"
 FAIL = "Error: boom"
-#: the rules of issue 7, on by default, registered after turn_guard and narration
-ISSUE7_RULES = ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")
+#: the loop rules (DESIGN §6.5), on by default, registered after turn_guard and narration
+LOOP_RULES = ("recurrence", "cycles", "repeated_failure", "monologue", "echo_loop")
 
 
 def guard(**cfg: Any) -> TurnGuard:
@@ -53,7 +53,7 @@ def full(reason_evidence: str, limits: str, key: str) -> str:
     return TRIP_TEXT.format(evidence=reason_evidence, limits=limits, key=key)
 
 
-# --- the issue's exact cases ----------------------------------------------------------------------
+# --- each limit at its default number (DESIGN §6.3) -----------------------------------------------
 
 
 def test_rewrite_loop_trips_at_the_sixth_call_on_fix_py() -> None:
@@ -369,7 +369,7 @@ def test_registered_after_circuit_breaker_with_narration_last() -> None:
         "circuit_breaker",
         "turn_guard",
         "narration",
-        *ISSUE7_RULES,
+        *LOOP_RULES,
         "same_target",
         "waiting",
         "escalation",
@@ -378,7 +378,7 @@ def test_registered_after_circuit_breaker_with_narration_last() -> None:
     assert defaults == [
         "repeat_reminder",
         "circuit_breaker",
-        *ISSUE7_RULES,
+        *LOOP_RULES,
         "same_target",
         "waiting",
         "escalation",
@@ -398,7 +398,7 @@ def test_decide_request_rewrites_the_tripping_result() -> None:
     assert sent[-1]["content"].startswith("[loopguard] The result of this call is withheld: this is call 6")
 
 
-# --- resuming from a kept state (issue 15) ------------------------------------------------------
+# --- resuming from a kept state -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

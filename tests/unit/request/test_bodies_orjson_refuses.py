@@ -1,5 +1,4 @@
-"""Bodies orjson refuses are still guarded, and a rewrite keeps every untouched byte (issue 14,
-items 5 and 6).
+"""Bodies orjson refuses are still guarded, and a rewrite keeps every untouched byte.
 
 Before: one lone surrogate (``"\\udcff"``, which Python's ``json.dumps`` writes), a number beyond
 float range (``1e400``) or nesting past orjson's 1,024 levels turned every guard off with no
@@ -20,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.core.effects import progress_rules
 from proxy.dialects import jsonbody
 from proxy.guards import build_guards
 from proxy.request.rewrite import NOT_CHAT, decide_request
@@ -27,9 +27,7 @@ from tests.conftest import ProxyFactory
 from tests.helpers.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 DEEP = 2000  # levels: past orjson's 1,024 and the json module's recursion limit
 #: what the default guards do on 7 identical calls with identical results (pinned on a clean body)
 SEVENTH = [

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from proxy.config import Config, build
+from proxy.core.effects import progress_rules
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.guards import Guard, build_guards
 from proxy.request import prefix_cache
@@ -19,9 +20,7 @@ from proxy.request.rewrite import RequestDecision, decide_request
 from tests.helpers.corpus import default_config
 
 CFG: Config = build(Config, default_config())
-GUARDS: tuple[Guard, ...] = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS: tuple[Guard, ...] = build_guards(CFG.guards, *progress_rules(CFG.progress))
 SYSTEM = "You are an agent. " * (prefix_cache.FAST_MIN // 16)
 
 

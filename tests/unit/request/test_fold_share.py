@@ -1,4 +1,4 @@
-"""A prefix-cache hit costs what its new items cost (issue 15): the parse state shares what can no
+"""A prefix-cache hit costs what its new items cost: the parse state shares what can no
 longer change between a fold and its copies (:mod:`proxy.dialects.fold`), and a request reuses the
 edits the previous request of its conversation made before its cut
 (:func:`proxy.dialects.edits.apply_kept`, :func:`proxy.request.edits.write`).

@@ -1,4 +1,4 @@
-"""The per-conversation prefix cache (issue 15): decisions and upstream bytes are the same with the
+"""The per-conversation prefix cache: decisions and upstream bytes are the same with the
 cache on, off, and cleared at any point.
 
 Every conversation is replayed request by request (the history before each assistant message,
@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import Config, build
+from proxy.core.effects import progress_rules
 from proxy.dialects import Dialect, anthropic_messages, edits, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
@@ -43,9 +44,7 @@ from tests.helpers.corpus import default_config, load_fixtures
 from tests.helpers.fakes import FakeUpstream
 
 CFG: Config = build(Config, default_config())
-GUARDS: tuple[Guard, ...] = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS: tuple[Guard, ...] = build_guards(CFG.guards, *progress_rules(CFG.progress))
 HEADERS = {"x-session-id": "s1"}
 NAMES = ("x-session-id",)
 #: requests per replayed conversation at most (evenly spread, the last always among them): every

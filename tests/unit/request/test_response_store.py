@@ -1,4 +1,4 @@
-"""The Responses API's ``previous_response_id`` chains (issue 11), no sockets: the bounded store
+"""The Responses API's ``previous_response_id`` chains, no sockets: the bounded store
 (count, bytes, age with an injected clock; exact evictions), the repair items for answers
 loopguard rewrote, the chained request's edits, and a looping conversation sent as a chain getting
 the same actions at the same calls, and the upstream the same history, as the full-input form."""
@@ -13,6 +13,7 @@ import pytest
 
 from proxy.config import Config, ResponsesStoreConfig, build
 from proxy.core.actions import Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.dialects import openai_responses
 from proxy.dialects.openai_responses import Answer, answer_of, apply_chained
 from proxy.errors import ConfigError
@@ -34,9 +35,7 @@ from tests.helpers.fakes import repeated_call_messages
 from tests.helpers.responses_items import response_object, responses_body
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 MB = 1024 * 1024
 
 

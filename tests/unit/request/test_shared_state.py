@@ -1,4 +1,4 @@
-"""The shared-state layer without Redis (issue 16): the byte forms of a conversation's state and
+"""The shared-state layer without Redis: the byte forms of a conversation's state and
 a Responses entry, which copy a replica goes on with, and :class:`SharedState` over a scripted
 backend (what it fetches, when it decides again, how it fails open)."""
 

@@ -1,4 +1,5 @@
-"""Tool-call delta assembly (proxy.response.assemble): every server quirk of issue 5 as its own fixture."""
+"""Tool-call delta assembly (proxy.response.assemble): every server quirk of
+:mod:`tests.helpers.quirks` as its own fixture."""
 
 from __future__ import annotations
 

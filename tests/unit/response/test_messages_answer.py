@@ -1,4 +1,4 @@
-"""The Anthropic Messages answer side (issue 12): stop, runaway and degenerate cuts on SSE events and
+"""The Anthropic Messages answer side: stop, runaway and degenerate cuts on SSE events and
 on a JSON ``message`` object, no sockets; what the official ``anthropic`` SDK makes of the bytes the
 agent gets; then the wiring through the real server (with a stand-in request dialect, so these
 tests do not depend on :mod:`proxy.dialects.anthropic_messages`)."""

@@ -187,7 +187,7 @@ def test_pending_step_extends_the_transcript() -> None:
     assert [(c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in ext.calls[:2]] == [
         (c.seq, c.step, c.turn, c.position, c.call_id, c.name, c.result) for c in again.calls[:2]
     ]
-    # the placeholders are the parsed empty results, marked pending (issue 7: never compared)
+    # the placeholders are the parsed empty results, marked pending (a pending result is never compared)
     assert [dataclasses.replace(c.result, pending=False) for c in ext.calls[2:] if c.result] == [
         c.result for c in again.calls[2:]
     ]

@@ -1,4 +1,4 @@
-"""The Responses API's answer side (issue 11): stop, runaway and degenerate cuts on SSE events and
+"""The Responses API's answer side: stop, runaway and degenerate cuts on SSE events and
 on a JSON ``response`` object, no sockets; then the real server with the official SDK."""
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def test_any_read_boundaries_give_the_same_events_and_bytes(parts: list[bytes], 
 
 
 def test_one_large_event_in_many_reads_and_many_events_in_one_read() -> None:
-    """Issue 14, item 7: framing is linear (each byte scanned once; measured: a 32 MiB event in
+    """Framing is linear (each byte scanned once; measured: a 32 MiB event in
     64 KiB reads takes about 0.5 s, it took 16 s); the events stay exact either way."""
     big = b"data: " + b"y" * 300_000 + b"\n\n"
     framer = SSEFramer()

@@ -413,7 +413,7 @@ def test_release_gives_back_everything_held_unchanged() -> None:
     ],
 )
 def test_complete_says_whether_the_stream_said_how_it_ended(raw: bytes, complete: bool) -> None:
-    """Issue 14, item 11: the relay ends a stream that stopped short with the error event."""
+    """The relay ends a stream that stopped short with the error event."""
     out, guard, _ = run(raw)
     assert (out, guard.complete) == (raw, complete)
 
@@ -424,7 +424,7 @@ def test_a_cut_is_complete() -> None:
 
 
 def test_an_event_past_the_size_limit_goes_out_unread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 14, item 7: an event that grows past MAX_EVENT_BYTES is not buffered: what was held
+    """An event that grows past MAX_EVENT_BYTES is not buffered: what was held
     and the event itself go out as they came, and so does the rest of the stream."""
     from proxy.response import stream_guard
 

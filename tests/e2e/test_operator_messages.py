@@ -1,4 +1,4 @@
-"""A new user's tryout of issue 16 (operations), pinned: ``check-config`` lists every error of a
+"""What an operator reads, as a new user's tryout found it: ``check-config`` lists every error of a
 section; no credential is ever printed in an error or by ``check-config`` (``admin_token``'s
 value, a URL's user info and query values) and an empty ``admin_token`` shows as off; a
 ``capture.path`` whose directory is missing fails at start naming the key, and capture write
@@ -33,7 +33,7 @@ from proxy.edge.runtime import Live, build_runtime, reload_logged
 from proxy.edge.serve import start
 from proxy.edge.shared_state import LOST, SharedState
 from proxy.errors import ConfigError
-from tests.e2e.test_cli_people import ENV, ROOT, _startup_line, cli, free_port
+from tests.e2e.test_cli_and_log_formats import ENV, ROOT, _startup_line, cli, free_port
 from tests.e2e.test_hot_reload import wait_for_event, with_overrides
 from tests.e2e.test_observe_mode import LoopingModel, request_lines, run_agent
 from tests.helpers.fakes import FakeUpstream
@@ -50,7 +50,7 @@ def _file(tmp_path: Path, text: str) -> Path:
     return path
 
 
-# --- 1. every error of a section ---------------------------------------------------------------
+# --- every error of a section ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_serve_and_load_config_still_stop_at_the_first_error(tmp_path: Path) -> 
     assert (done.returncode, done.stderr) == (2, f"{INVALID}listen.header_timeout_s: must be > 0 or null\n")
 
 
-# --- 2. credentials ----------------------------------------------------------------------------
+# --- credentials -------------------------------------------------------------------------------
 
 NOT_SHOWN = "admin_token: must be a string, got a value of type int (not shown)"
 
@@ -245,7 +245,7 @@ def test_redact_url(url: str, plain: str, marked: str) -> None:
     assert (redact_url(url), redact_url(url, marked=True)) == (plain, marked)
 
 
-# --- 3. capture.path ---------------------------------------------------------------------------
+# --- capture.path ------------------------------------------------------------------------------
 
 
 def test_a_capture_path_in_a_missing_directory_fails_at_start(tmp_path: Path) -> None:
@@ -298,7 +298,7 @@ async def test_capture_write_errors_are_logged_once_and_counted(
     assert f"loopguard_capture_write_errors_total {float(guarded)}" in metrics.splitlines()
 
 
-# --- 4. and 5. replay --------------------------------------------------------------------------
+# --- replay ------------------------------------------------------------------------------------
 
 
 async def _captured(upstream: FakeUpstream, path: Path, capsys: Any) -> list[dict[str, Any]]:
@@ -358,7 +358,7 @@ async def test_replay_names_a_conversation_by_the_key_the_live_log_uses(
     assert done.stdout.splitlines()[0].startswith(f"{keys[1]} (capture): ")
 
 
-# --- 5. logs -----------------------------------------------------------------------------------
+# --- logs --------------------------------------------------------------------------------------
 
 
 async def test_while_redis_rests_the_log_keeps_the_failures_type() -> None:

@@ -1,4 +1,4 @@
-"""Precision first (issue 10, DESIGN §2.2): withhold and stop only on evidence of no progress. A
+"""Precision first (DESIGN §2.2): withhold and stop only on evidence of no progress. A
 conversation in which every tool result is new — whatever the calls, their repeats, their order,
 the user's "continue"s — never has a result withheld and its next answer is never stopped.
 Property test over the pure request and response sides the server runs (the lifetime cap, 300
@@ -14,15 +14,14 @@ from hypothesis import strategies as st
 
 from proxy.config import Config
 from proxy.core.actions import Withhold
+from proxy.core.effects import progress_rules
 from proxy.guards import Context, build_guards
 from proxy.request.rewrite import decide_request
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import StopJudge
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 _calls = st.sampled_from(
     [

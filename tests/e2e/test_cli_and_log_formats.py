@@ -1,4 +1,4 @@
-"""Logs and a command line for people (issue 16): the real CLI as a child process.
+"""Logs and a command line for people: the real CLI as a child process.
 
 ``--version``; ``serve --help`` lists every environment variable the proxy reads; a port in use
 is one line on stderr and exit status 2; ``check-config`` lists every error of a file and prints

@@ -1,12 +1,13 @@
-"""Issue 10's defects, each pinned on the real recorded run and call where it was seen
-(../shared/fixtures/realtraj or $LOOPGUARD_REALTRAJ; skipped, naming the path, when absent).
+"""Wrong decisions once seen on real recorded runs (DESIGN §2.2), each pinned on the run and call
+where it was seen (../shared/fixtures/realtraj or $LOOPGUARD_REALTRAJ; skipped, naming the path,
+when absent): what the old rules did there, and that the default config no longer does it.
 
-The other defects are pinned elsewhere: failure formats (5) and rejection phrasings (9) in
-tests/unit/core/test_failures.py, loops across a harness message (8) in tests/unit/core/test_episodes.py, the
-escalation ladder on flask-4992 (11) in tests/unit/guards/test_escalation.py, the runaway cut at the 3rd
-identical call of one answer (10) by the corpus gate's T16. Defects 4 (a `think` tool's only
-argument) and 6 (str_replace_editor's subcommands) come from OpenHands runs that are not among
-the recorded ones; their tests below rebuild the reported shapes."""
+Related cases are pinned elsewhere: failure formats and rejection phrasings in
+tests/unit/core/test_failures.py, loops across a harness message in tests/unit/core/test_episodes.py,
+the escalation ladder on flask-4992 in tests/unit/guards/test_escalation.py, the runaway cut at the
+3rd identical call of one answer by the corpus gate's T16. A `think` tool's only argument and
+str_replace_editor's subcommands come from OpenHands runs that are not among the recorded ones;
+their tests below rebuild the reported shapes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from proxy.config import Config
 from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.effects import progress_rules
 from proxy.core.progress import same_result
 from proxy.core.transcript import Transcript
 from proxy.core.volatile import DEFAULT_MASK_PATTERNS, DEFAULT_MASKS, compile_masks
@@ -30,9 +32,7 @@ from tests.helpers.agent_steps import History
 from tests.helpers.rule_helpers import call_at, transcript
 
 CFG = Config()
-GUARDS = build_guards(
-    CFG.guards, CFG.progress.compiled(), CFG.progress.effects(), CFG.progress.continuations()
-)
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 
 def run(name: str) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def call_at_t(t: Transcript, a: Action) -> int:
     return max(c.seq + 1 for c in t.calls if c.result is not None and c.result.position <= a.after)
 
 
-def test_1_rerunning_a_failed_command_after_an_edit_is_not_reminded() -> None:
+def test_rerunning_a_failed_command_after_an_edit_is_not_reminded() -> None:
     """coder-scikit-learn__scikit-learn-14894-4-tester, call 10: `python reproduce.py` failed at
     call 6, the agent edited sklearn/svm/base.py, then re-ran it (a new traceback). The old rule
     said "You made a call that failed the last time … The same call gives the same result"."""
@@ -81,7 +81,7 @@ def test_1_rerunning_a_failed_command_after_an_edit_is_not_reminded() -> None:
     assert [a for a in acts(t) if a.kind == "withhold"] == []
 
 
-def test_2_a_restore_between_fix_attempts_is_never_withheld() -> None:
+def test_a_restore_between_fix_attempts_is_never_withheld() -> None:
     """mini-lite_dev-marshmallow-code__marshmallow-1343 (resolved): `cp schema.py.backup
     schema.py` before each of many fix attempts; the old breaker withheld its 7th run (call 161)
     and the stop ended the turn at call 171."""
@@ -104,7 +104,7 @@ def answer_with_call(name: str, call: int) -> dict[str, Any]:
     return calls[call - 1]
 
 
-def test_3_the_same_narration_while_paging_is_not_a_monologue() -> None:
+def test_the_same_narration_while_paging_is_not_a_monologue() -> None:
     """coder-django__django-13315-3-programmer, calls 19-28: `scroll_down` ten times, each page new,
     each with the same sentence; the old rule reminded and then stopped the turn at call 27."""
     t = upto("coder-django__django-13315-3-programmer", 28)
@@ -115,7 +115,7 @@ def test_3_the_same_narration_while_paging_is_not_a_monologue() -> None:
     assert judge([AssembledCall("c29", "scroll_down", '{"command": "scroll_down\\n"}')], said) is None
 
 
-def test_4_a_think_tool_is_compared_by_its_only_argument() -> None:
+def test_a_think_tool_is_compared_by_its_only_argument() -> None:
     """OpenHands' `think` tool has one argument, `thought` (an ignore_args name): every call used
     to look identical, and the 7th was withheld."""
     h = History().steps(
@@ -127,7 +127,7 @@ def test_4_a_think_tool_is_compared_by_its_only_argument() -> None:
     assert [a for a in acts(transcript(h)) if a.kind in ("withhold", "remind")] == []
 
 
-def test_6_a_successful_view_does_not_reset_the_failing_edits_on_a_file() -> None:
+def test_a_successful_view_does_not_reset_the_failing_edits_on_a_file() -> None:
     """OpenHands' `str_replace_editor` multiplexes view / str_replace / create under one name: a
     `view` between failed `str_replace` edits of one file is another thing done to it, so three
     failed edits are three failures in a row on `str_replace_editor str_replace`."""
@@ -164,7 +164,7 @@ def test_6_a_successful_view_does_not_reset_the_failing_edits_on_a_file() -> Non
     ]
 
 
-def test_7_the_same_error_with_shifted_line_numbers_is_the_same_result() -> None:
+def test_the_same_error_with_shifted_line_numbers_is_the_same_result() -> None:
     """coder-django__django-16408-1-reproducer, calls 54 and 56: `python reproduce.py` after an edit
     that moved the code: the same error, only the traceback's line numbers differ. Compared as
     different before (each run looked like progress), the same now; the edit between them is
@@ -172,6 +172,6 @@ def test_7_the_same_error_with_shifted_line_numbers_is_the_same_result() -> None
     t = upto("coder-django__django-16408-1-reproducer", 56)
     a, b = t.calls[53].result, t.calls[55].result
     assert a is not None and b is not None and a.text != b.text
-    old = compile_masks(DEFAULT_MASK_PATTERNS[:7])  # the masks before issue 10
+    old = compile_masks(DEFAULT_MASK_PATTERNS[:7])  # the masks before line numbers and counts
     assert (same_result(a, b, old), same_result(a, b, DEFAULT_MASKS)) == (False, True)
     assert [x for x in acts(t) if x.kind == "withhold"] == []
