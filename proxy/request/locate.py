@@ -18,7 +18,7 @@ Nothing here keeps or counts anything: the cache only handed its entries in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +174,7 @@ def _history(raw: bytes, body: dict[str, Any], member: str) -> tuple[int, Any, b
 def locate(
     raw: bytes,
     dialect: Dialect,
-    candidates: Iterable[Prefix] = (),
+    candidates: Sequence[Prefix] = (),
     *,
     history: bool = False,
     whole: Callable[[dict[str, Any]], bool] | None = None,
@@ -189,7 +189,7 @@ def locate(
     tools when decoded whole (the prefix cache is on)."""
     member: str | None = getattr(dialect, "ITEMS", None)
     foldable = member is not None and hasattr(dialect, "Fold")  # a dialect without a fold: read in full
-    found = _by_bytes(raw, member, candidates) if foldable and member is not None else None
+    found = _by_bytes(raw, member, candidates) if candidates and foldable and member is not None else None
     if found is not None and whole is not None and whole(found[0]):
         found = None
     if found is not None:
