@@ -277,7 +277,8 @@ def reuse(
         if hit and kept is not None and cut == kept.cut:
             mine = Kept(cut, kept.actions, reused, base) if reused is not kept.edits else kept
         else:
-            mine = Kept(cut, _split(actions, cut)[0], tuple(x for x in (*reused, *fresh) if x[0] < cut), base)
+            own = tuple((p, s, e, jsonbody.kept(b)) for p, s, e, b in fresh if p < cut)  # kept: own size
+            mine = Kept(cut, _split(actions, cut)[0], tuple(x for x in reused if x[0] < cut) + own, base)
     return Applied(out, mine, hit)
 
 

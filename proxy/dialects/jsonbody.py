@@ -251,6 +251,15 @@ def root(buf: bytes) -> int:
     return _skip_ws(buf, 0)
 
 
+def kept(data: bytes) -> bytes:
+    """``data`` in a bytes object of its own size, for bytes kept past the request (a cache's or
+    store's record). orjson's ``dumps`` hands back its output buffer as it grew it: at least
+    4 KiB whatever the length (a 300-byte result holds 4,096; 5,000 bytes hold about 56 KiB,
+    measured with ``tracemalloc`` on orjson 3.13), while ``sys.getsizeof`` and ``len`` say the
+    length. A slice or a concatenation is already its own size; this copies once."""
+    return memoryview(data).tobytes()
+
+
 def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:
     """Compact JSON of ``value`` (orjson's bytes); when it holds a string with a lone surrogate,
     the standard library's, ASCII only (surrogates as ``\\u`` escapes). ``default`` as in both."""

@@ -37,7 +37,7 @@ def tools_key(tools: Any) -> bytes | None:
     None: ``null``), what a kept prefix holds of them (:attr:`Prefix.tools`); None when they cannot
     be written (nested too deep), and the request is then read in full and not kept."""
     try:
-        return jsonbody.dumps(tools)
+        return jsonbody.kept(jsonbody.dumps(tools))  # kept in the entry: its own size
     except (RecursionError, TypeError, ValueError):
         return None
 

@@ -24,6 +24,7 @@ import orjson
 
 from proxy.core.clock import iso_utc
 from proxy.core.state import ConversationState, StateStore, observe
+from proxy.dialects import jsonbody
 from proxy.guards import Guard
 from proxy.guards.narration import marks
 from proxy.guards.turn_guard import LIMIT_KEYS, TurnGuard
@@ -74,7 +75,7 @@ class Memory:
             transcript,
             now_ms,
             marks(decision.actions, transcript, now_ms),
-            orjson.dumps(self._turn.ledger(transcript).summary()),
+            jsonbody.kept(orjson.dumps(self._turn.ledger(transcript).summary())),  # stored: own size
         )
         self.store.put(key, new)
 

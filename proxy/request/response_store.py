@@ -152,7 +152,7 @@ def chain_of(entry: Entry | None, new_items: Sequence[Any], previous: str | None
     size = entry.size if entry is not None else 0
     if not keep:
         return Chain(base, count, size, previous, False)
-    segment = jsonbody.dumps(list(new_items))
+    segment = jsonbody.kept(jsonbody.dumps(list(new_items)))  # stored: its own size
     return Chain((*base, segment), count + len(new_items), size + len(segment), previous, True)
 
 
@@ -183,13 +183,13 @@ def repair_items(answer: Answer) -> list[dict[str, Any]]:
 
 def entry_of(chain: Chain, answer: Answer) -> Entry:
     """The entry for ``answer``, given the request's ``chain``."""
-    segment = jsonbody.dumps(list(answer.output))
+    segment = jsonbody.kept(jsonbody.dumps(list(answer.output)))  # stored: its own size
     repair = repair_items(answer)
     return Entry(
         (*chain.segments, segment),
         chain.count + len(answer.output),
         chain.size + len(segment),
-        jsonbody.dumps(repair) if repair else b"",
+        jsonbody.kept(jsonbody.dumps(repair)) if repair else b"",
         len(repair),
     )
 
