@@ -35,15 +35,19 @@ read in full and never kept.
 Bounded memory: entries are dropped least recently used first once their bytes pass
 ``max_bytes``. An entry counts :data:`HISTORY_FACTOR` times its history's JSON bytes (the bytes
 and the decoded texts of its parse state), :data:`CALL_BYTES` per tool call and
-:data:`ITEM_BYTES` per item (the parse state, the spans), its head and fingerprint items, and
+:data:`ITEM_BYTES` per item (the parse state, the spans), :data:`TOOLS_FACTOR` times its offered
+tools' JSON, its head and fingerprint items, and
 once the guards' checkpoint is attached (:meth:`PrefixCache.keep_checkpoint`)
-:data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept action, and its kept
-edits' bytes (:attr:`proxy.dialects.edits.Kept.size`). Measured with
-``tracemalloc`` on ``bench/workloads.memory_body`` (1,000 conversations x 10 requests, 32 MiB):
-what the cache holds is 49.5 MB traced for 33.5 MB counted with the old count (1.48x; the
-checkpoints 5.2 KB each, uncounted), 32.5 MB for 33.5 MB counted with this one; the process's
-RSS growth over the run went from +67.7 MB to +52.1 MB (+18.4 MB with the cache off). Not
-thread-safe: the server calls it from its event loop.
+:data:`CHECKPOINT_BYTES`, :data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept
+action, and its kept edits' bytes (:attr:`proxy.dialects.edits.Kept.size`). Measured with
+``tracemalloc`` (what clearing the cache frees) on ``bench/workloads.memory_body`` (1,000
+conversations x 10 requests, 32 MiB; a kept entry: 15.4 KB of history, 12 calls, 26 items):
+54.7 KB for the history and its parse state (counted 59.6 KB; 21.1 KB for 20.7 KB after 3
+calls), 27.2 KB for the checkpoint (counted 27.4 KB; the count before this one said 8.2 KB),
+4.4 KB for the edits (counted 5.7 KB; before they were kept at their own size, 24 KB).
+Bytes the cache keeps are at their own size (:func:`proxy.dialects.jsonbody.kept`: orjson's output
+holds 4 KiB or more whatever its length). Not thread-safe: the server calls it from its event
+loop.
 """
 
 from __future__ import annotations
@@ -55,12 +59,16 @@ from typing import Any
 
 Span = tuple[int, int]
 #: Bytes an entry counts per tool call of its history (the parse state's call record, its decoded
-#: arguments, its result) and per item (its span, its said record), beyond the history's bytes.
-CALL_BYTES = 2048
+#: arguments; its result's text is in :data:`HISTORY_FACTOR`) and per item (its two spans, its
+#: said record), beyond the history's bytes.
+CALL_BYTES = 1024
 ITEM_BYTES = 384
 #: Times an entry counts its history's bytes: the bytes, and the decoded texts its parse state
 #: holds (results, what was said, call arguments).
 HISTORY_FACTOR = 2
+#: Times an entry counts its offered tools' compact JSON (:attr:`Prefix.tools`): those bytes, and
+#: the decoded tools its parse state reads calls written as text against (about 6 times the JSON).
+TOOLS_FACTOR = 8
 #: Bodies of at least this many bytes are looked up without decoding them first
 #: (:meth:`PrefixCache.candidates`); smaller ones are decoded whole (a decode costs less than the
 #: look-up there).
@@ -69,21 +77,26 @@ FAST_MIN = 64 * 1024
 HEAD_BYTES = 4096
 
 
-#: Bytes a kept guards' checkpoint counts per tool call before its cut and per action it holds.
-CHECKPOINT_CALL_BYTES = 384
-ACTION_BYTES = 256
+#: Bytes a kept guards' checkpoint counts: its guards' state records (:data:`CHECKPOINT_BYTES`,
+#: whatever the history), per tool call before its cut (each progress-aware guard's situation
+#: numbers, the repeat keys and canonical arguments, the turn records) and per action it holds.
+CHECKPOINT_BYTES = 4096
+CHECKPOINT_CALL_BYTES = 1792
+ACTION_BYTES = 128
 
 
-def entry_size(history_bytes: int, calls: int, items: int) -> int:
-    """What an entry counts against the budget (bytes): see the module docstring."""
-    return HISTORY_FACTOR * history_bytes + CALL_BYTES * calls + ITEM_BYTES * items
+def entry_size(history_bytes: int, calls: int, items: int, tools: int = 0) -> int:
+    """What an entry counts against the budget (bytes) for a history of ``history_bytes`` with
+    ``calls`` tool calls and ``items`` items, read against offered tools of ``tools`` bytes of
+    compact JSON: see the module docstring."""
+    return HISTORY_FACTOR * history_bytes + CALL_BYTES * calls + ITEM_BYTES * items + TOOLS_FACTOR * tools
 
 
 def checkpoint_size(checkpoint: Any, calls: int) -> int:
     """What the guards' ``checkpoint`` (:class:`proxy.guards.resume.Checkpoint`) of a history
     with ``calls`` tool calls counts against the budget (bytes): see the module docstring."""
     actions = sum(len(a) for a in getattr(checkpoint, "actions", ()))
-    return CHECKPOINT_CALL_BYTES * calls + ACTION_BYTES * actions
+    return CHECKPOINT_BYTES + CHECKPOINT_CALL_BYTES * calls + ACTION_BYTES * actions
 
 
 @dataclass(frozen=True, slots=True)

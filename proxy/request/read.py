@@ -77,7 +77,7 @@ def _entry(
         return None
     last = spans[-1][1]
     extra = start + sum(len(jsonbody.dumps(item, default=str)) for item in key_items)  # head, key items
-    size = entry_size(last - start, len(fold.calls), len(spans)) + extra
+    size = entry_size(last - start, len(fold.calls), len(spans), len(offered)) + extra
     digest = hash(raw[:HEAD_BYTES]) if last >= HEAD_BYTES else None
     if kept is not None:
         old, n = kept

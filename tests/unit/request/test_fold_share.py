@@ -307,7 +307,9 @@ def test_a_kept_entry_counts_its_edits_and_drops_them_past_the_budget() -> None:
         edits.EDIT_BYTES + len(e[3]) for e in entry.edits.edits
     ) + edits.EDIT_BYTES * len(entry.edits.actions)
     assert cache.stats.bytes == entry.size
-    history = prefix_cache.entry_size(len(entry.items), len(entry.fold.calls), len(entry.spans))
+    history = prefix_cache.entry_size(
+        len(entry.items), len(entry.fold.calls), len(entry.spans), len(entry.tools)
+    )
     head = len(entry.head) + sum(len(orjson.dumps(item)) for item in entry.key_items)
     guards = prefix_cache.checkpoint_size(entry.checkpoint, len(entry.fold.calls))
     assert entry.size == history + head + guards + entry.edits.size

@@ -344,8 +344,9 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
     assert entry is not None
     assert entry.items == b'[ {"role":"user","content":"go"} ,{"role":"user","content":"x"}'
     assert entry.spans == ((2, 32), (34, 63))
-    # no call: the bytes twice, two items, the head and the first user message (its JSON)
-    assert entry.size == 2 * 63 + 2 * 384 + 26 + len(b'{"role":"user","content":"go"}')
+    # no call: the bytes twice, two items, no tools (``null``, 8 times), the head and the first
+    # user message (its JSON)
+    assert entry.size == 2 * 63 + 2 * 384 + 8 * len(b"null") + 26 + len(b'{"role":"user","content":"go"}')
     assert cache.snapshot() == {
         "hits": 0,
         "misses": 1,
