@@ -85,7 +85,7 @@ def _entry(
     else:
         rel = tuple((s - start, e - start) for s, e in spans)
     return Prefix(
-        raw[start:last],
+        memoryview(raw)[start:last],  # a view, not a copy: the body is immutable and kept whole
         rel,
         fold,
         size,
