@@ -7,9 +7,10 @@ defaults (the same arms as ``bench/run.py``, by its own functions), then sends t
 to every arm, interleaved arm by arm, and prints per arm the added latency over direct of the
 first and last 10% of requests (median over the rounds of each request's latency first), and
 what loopguard adds over loopguard-off. ``--hold ARM`` then replays the session's last
-``--tail`` requests (4 MB → 5 MB) on that arm for ``--seconds``, for ``py-spy record --pid`` (printed).
+request on that arm for ``--seconds`` (a prefix-cache hit with nothing new, after the first), for
+``py-spy record --pid`` (printed).
 
-    .venv/bin/python bench/session.py [--rounds 3] [--hold loopguard --tail 20]
+    .venv/bin/python bench/session.py [--rounds 3] [--per-round] [--hold loopguard --seconds 60]
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ async def _main(args: argparse.Namespace) -> None:
             for _ in range(args.rounds):
                 for name, arm in arms.items():
                     lat[name].append(await _session(client, arm.url, bodies))
+            if args.per_round:
+                for name, rounds in lat.items():
+                    for r, xs in enumerate(rounds):
+                        d = lat["direct"][r]
+                        first, last = _edge([x - y for x, y in zip(xs, d, strict=True)])
+                        print(f"round {r + 1} {name:14} added first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms")
             med = {name: [statistics.median(col) for col in zip(*rounds, strict=True)] for name, rounds in lat.items()}
             direct = med["direct"]
             print(f"{len(bodies)} requests, {len(bodies[0]):,} → {len(bodies[-1]):,} bytes, {args.rounds} rounds")
@@ -78,10 +85,10 @@ async def _main(args: argparse.Namespace) -> None:
                 print(f"{name} over {base}: first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms")
             if args.hold:
                 arm = arms[args.hold]
-                print(f"replaying the last {args.tail} requests on {args.hold}, pid {arm.pid}", flush=True)
-                # the session's end again, one conversation of its own per pass (its first
-                # request reads in full, every other one resumes the one before)
-                tail = workloads.session_bodies(4 * 1024 * 1024, 5 * 1024 * 1024, args.tail)
+                print(f"replaying the last request on {args.hold}, pid {arm.pid}", flush=True)
+                # the session's last request again and again: after the first, each one resumes
+                # the kept prefix with nothing new (every per-request cost but the new steps')
+                tail = bodies[-1:]
                 end = time.monotonic() + args.seconds
                 while time.monotonic() < end:
                     await _session(client, arm.url, tail)
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hold", choices=("bare", "loopguard-off", "loopguard"))
-    ap.add_argument("--tail", type=int, default=20)
+    ap.add_argument("--per-round", action="store_true", help="also each round's figures")
     ap.add_argument("--seconds", type=float, default=60.0)
     args: Any = ap.parse_args(argv)
     asyncio.run(_main(args))
