@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -28,9 +29,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import run  # noqa: E402
-import workloads  # noqa: E402
-from loadgen import HEADERS, PATH  # noqa: E402
+import run
+import workloads
+from loadgen import HEADERS, PATH
 
 
 async def _session(client: aiohttp.ClientSession, url: str, bodies: list[bytes]) -> list[float]:
@@ -50,6 +51,33 @@ def _edge(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs[:k]), statistics.median(xs[-k:])
 
 
+def _line(what: str, xs: list[float], ratio: bool = False) -> str:
+    first, last = _edge(xs)
+    tail = f" ({last / first:.1f}×)" if ratio and first else ""
+    return f"{what} first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms{tail}"
+
+
+def _report(lat: dict[str, list[list[float]]], n: int, first: int, last: int, per_round: bool) -> None:
+    """Print the added latencies (each request's median over the rounds, less direct's)."""
+    if per_round:
+        for name, rounds in lat.items():
+            for r, xs in enumerate(rounds):
+                over = [x - y for x, y in zip(xs, lat["direct"][r], strict=True)]
+                print(_line(f"round {r + 1} {name:14} added", over))
+    med = {
+        name: [statistics.median(col) for col in zip(*rounds, strict=True)] for name, rounds in lat.items()
+    }
+    print(f"{n} requests, {first:,} → {last:,} bytes, {len(lat['direct'])} rounds")
+    for name in ("bare", "loopguard-off", "loopguard"):
+        print(
+            _line(
+                f"{name:14} added p50", [x - d for x, d in zip(med[name], med["direct"], strict=True)], True
+            )
+        )
+    for name, base in (("loopguard", "loopguard-off"), ("loopguard-off", "bare"), ("loopguard", "bare")):
+        print(_line(f"{name} over {base}:", [x - o for x, o in zip(med[name], med[base], strict=True)]))
+
+
 async def _main(args: argparse.Namespace) -> None:
     bodies = workloads.session_bodies(10 * 1024, 5 * 1024 * 1024, 120)
     tmp = Path(tempfile.mkdtemp(prefix="lg-session-"))
@@ -66,23 +94,7 @@ async def _main(args: argparse.Namespace) -> None:
             for _ in range(args.rounds):
                 for name, arm in arms.items():
                     lat[name].append(await _session(client, arm.url, bodies))
-            if args.per_round:
-                for name, rounds in lat.items():
-                    for r, xs in enumerate(rounds):
-                        d = lat["direct"][r]
-                        first, last = _edge([x - y for x, y in zip(xs, d, strict=True)])
-                        print(f"round {r + 1} {name:14} added first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms")
-            med = {name: [statistics.median(col) for col in zip(*rounds, strict=True)] for name, rounds in lat.items()}
-            direct = med["direct"]
-            print(f"{len(bodies)} requests, {len(bodies[0]):,} → {len(bodies[-1]):,} bytes, {args.rounds} rounds")
-            for name in ("bare", "loopguard-off", "loopguard"):
-                added = [x - d for x, d in zip(med[name], direct, strict=True)]
-                first, last = _edge(added)
-                print(f"{name:14} added p50 first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms ({last / first:.1f}×)")
-            for name, base in (("loopguard", "loopguard-off"), ("loopguard-off", "bare"), ("loopguard", "bare")):
-                over = [x - o for x, o in zip(med[name], med[base], strict=True)]
-                first, last = _edge(over)
-                print(f"{name} over {base}: first 10% {first:+7.2f} ms, last 10% {last:+7.2f} ms")
+            _report(lat, len(bodies), len(bodies[0]), len(bodies[-1]), args.per_round)
             if args.hold:
                 arm = arms[args.hold]
                 print(f"replaying the last request on {args.hold}, pid {arm.pid}", flush=True)
@@ -94,6 +106,7 @@ async def _main(args: argparse.Namespace) -> None:
                     await _session(client, arm.url, tail)
     finally:
         run.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
