@@ -105,7 +105,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     st.requests += 1
     if _declared_too_large(request):  # said by Content-Length: no need to read it first
         return too_large_response(request)
-    try:
+    try:  # listen.* is restart-only: the start's config holds it, not the reloadable runtime
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return body_timeout_response(request, exc.received)
