@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.edge.serve import start
 from tests.helpers.fakes import FakeUpstream, Recorded, looping_handler
 from tests.helpers.proxy_server import proxy_config
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_at_start() -> Iterator[None]:
+    """Every test starts with structlog's defaults (events printed to stdout): a test that
+    configures logging (the CLI, ``configure_logging``) must not decide where the next test's
+    events go, whatever order the tests run in."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

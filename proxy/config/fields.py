@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Strict
+from pydantic.json_schema import WithJsonSchema
 
 from proxy.errors import ConfigError
 
@@ -25,6 +26,15 @@ Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
 Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
+#: A reminder rule's thresholds (repeat_reminder, same_target): the schema says what
+#: :func:`proxy.config.checks.thresholds` checks (not empty, integers >= 2, none twice), so an
+#: editor flags ``[1, 3]`` as ``check-config`` does; validation itself stays the check's.
+Thresholds = Annotated[
+    tuple[Int, ...],
+    WithJsonSchema(
+        {"type": "array", "items": {"type": "integer", "minimum": 2}, "minItems": 1, "uniqueItems": True}
+    ),
+]
 
 #: ``mode`` of a guard, of ``stop``, of ``response`` and of the whole file: ``enforce`` applies
 #: its actions, ``observe`` decides, logs and counts them but changes no byte.

@@ -20,7 +20,7 @@ from proxy.config.defaults import (
     DEFAULT_IGNORE_ARGS,
     DEFAULT_REJECTION_PATTERNS,
 )
-from proxy.config.fields import SECTION, Bool, Bound, Int, Mode, Str
+from proxy.config.fields import SECTION, Bool, Bound, Int, Mode, Str, Thresholds
 from proxy.errors import ConfigError
 
 #: The placeholders a ``guards.circuit_breaker.deny_message`` template may use.
@@ -42,7 +42,7 @@ class RepeatReminderConfig:
 
     enabled: Bool = True
     """false = this guard does nothing."""
-    thresholds: tuple[Int, ...] = (3, 5, 8)
+    thresholds: Thresholds = (3, 5, 8)
     """Fire when the consecutive count equals one of these (integers >= 2, no repeats; sorted).
     The lowest gives a short nudge, higher ones a detailed reminder; after the highest, silence."""
     include: tuple[Str, ...] = ()
@@ -289,7 +289,7 @@ class SameTargetConfig:
 
     enabled: Bool = True
     """false = this guard does nothing."""
-    thresholds: tuple[Int, ...] = (3, 5, 8)
+    thresholds: Thresholds = (3, 5, 8)
     """A reminder when the run reaches one of these (integers >= 2, no repeats; sorted)."""
     mode: Mode = "enforce"
     """enforce | observe."""

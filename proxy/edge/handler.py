@@ -15,8 +15,8 @@ line (:mod:`proxy.edge.capture`).
   at once (logged ``disconnected: true``, counted in ``disconnects``).
 - An unknown Responses ``previous_response_id`` is counted in ``unguarded`` and logged once per
   chain (``unknown_previous_response``).
-- Circuit-breaker incidents of a request are recorded right after its decision
-  (:mod:`proxy.edge.incidents`).
+- Incidents of a request (the circuit breaker's ``duplicate``/``cap`` denials and a ``stop``) are
+  recorded right after its decision (:mod:`proxy.edge.incidents`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     st.requests += 1
     if _declared_too_large(request):  # said by Content-Length: no need to read it first
         return too_large_response(request)
-    try:
+    try:  # listen.* is restart-only: the start's config holds it, not the reloadable runtime
         raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
     except connections.BodyTimeout as exc:
         return body_timeout_response(request, exc.received)
@@ -265,8 +265,9 @@ def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
 
 
 def _record_incidents(app: web.Application, decision: RequestDecision) -> None:
-    """Circuit-breaker incidents (DESIGN §6.2): the fresh first-of-kind denials of this request go
-    to the stats and the incident log (written in the background). Fails open like the guards."""
+    """Incidents (DESIGN §6.2; :func:`proxy.edge.incidents.incident_kind`): the fresh first-of-kind
+    denials and stops of this request go to the stats and the incident log (written in the
+    background). Fails open like the guards."""
     try:
         incidents = app[INCIDENTS_KEY].record(
             decision.actions, decision.conversation, now_ms=int(time.time() * 1000)

@@ -144,18 +144,19 @@ class Escalation:
                 continue
             episode = s.episodes.of(transcript, call.position)
             if episode != s.episode:  # a new episode starts from the bottom of the ladder
-                s.episode, s.start, s.tracks = episode, call.seq, {}
+                s.episode, s.start, s.tracks, s.owned = episode, call.seq, {}, set()
                 s.edits = self._situations.edit_ledger()
             afters = about.get(call.seq)
             if afters is None and not s.tracks:  # nothing reminded about in the episode yet
                 continue
             on = self.on(call)
-            track = s.tracks.get(on)
+            track = s.own(on)
             if track is None:
                 if afters is None:  # never reminded about (yet): judged from its first reminder
                     continue
                 # the first reminder on it: judge the episode's calls on it before this one
                 track = s.tracks[on] = Track()
+                s.owned.add(on)
                 for seq in range(s.start, call.seq):
                     if self.on(calls[seq]) == on and not is_wait(calls[seq]):
                         self._judge(track, calls[seq], calls, masks, s.edits, on)
@@ -252,9 +253,14 @@ class EscalationState:
     (``tracks``) and the changes of its edits on them (``edits``; a target is tracked from its
     first reminder, its earlier calls in the episode
     read again then; earlier episodes are never read again). Mutable; :meth:`copy` is
-    independent."""
+    independent.
 
-    __slots__ = ("edits", "episode", "episodes", "next", "start", "tracks")
+    A copy shares the tracks (copy on write, :meth:`own`): a long episode holds a track per
+    target reminded about, each with every result read on it, and a resumed request copies its
+    state twice (:func:`proxy.guards.resume.evaluate_from`) but touches one or two tracks; copying
+    all of them was most of the cost of a request at the end of a 5 MB session."""
+
+    __slots__ = ("edits", "episode", "episodes", "next", "owned", "start", "tracks")
 
     def __init__(self, episodes: EpisodeCounter, edits: EditLedger) -> None:
         self.episodes = episodes
@@ -263,9 +269,21 @@ class EscalationState:
         self.episode = -1
         self.start = 0
         self.tracks: dict[tuple[str, str | None], Track] = {}
+        #: the keys of ``tracks`` this state may change in place (no other state holds them)
+        self.owned: set[tuple[str, str | None]] = set()
+
+    def own(self, on: tuple[str, str | None]) -> Track | None:
+        """The track on ``on`` (None: none), this state's own to change (copied first when it is
+        shared with another state)."""
+        track = self.tracks.get(on)
+        if track is not None and on not in self.owned:
+            track = self.tracks[on] = track.copy()
+            self.owned.add(on)
+        return track
 
     def copy(self) -> EscalationState:
         out = EscalationState(self.episodes.copy(), self.edits.copy())
         out.next, out.episode, out.start = self.next, self.episode, self.start
-        out.tracks = {on: t.copy() for on, t in self.tracks.items()}
+        out.tracks = dict(self.tracks)
+        self.owned = set()  # shared from now on: either state copies a track before changing it
         return out

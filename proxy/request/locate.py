@@ -73,7 +73,7 @@ def point(raw: bytes, start: int, entry: Prefix) -> Point | None:
     if entry.before is None or len(entry.spans) < 2:
         return None
     length = entry.spans[-2][1]
-    if raw[start : start + length] != entry.items[:length]:
+    if not raw.startswith(entry.items[:length], start):
         return None
     return Point(len(entry.spans) - 1, length, entry.before, entry.key_before, None, ())
 

@@ -102,13 +102,16 @@ def checkpoint_size(checkpoint: Any, calls: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """One conversation's kept history. ``items``: the body's bytes from the history's ``[``
-    through the end of its last item. ``spans``: each item's (start, end), relative to that
+    through the end of its last item (a ``memoryview`` of the request's body when the read
+    stage made it: slicing a 5 MB history out of its body on every request was a copy the size
+    of the history; the view keeps the whole body alive instead, as large give or take its head
+    and what follows the history). ``spans``: each item's (start, end), relative to that
     ``[``. ``fold``: the dialect's parse state after the last item (never fed again: copied
     before resuming). ``size``: what it counts against the budget. ``tools``: the offered tools
     that state was read against (:func:`proxy.request.locate.tools_key`). ``checkpoint``: what
     the guards kept of it."""
 
-    items: bytes
+    items: bytes | memoryview
     spans: tuple[Span, ...]
     fold: Any
     size: int

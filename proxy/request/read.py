@@ -84,8 +84,10 @@ def _entry(
         rel = old[:n] + tuple((s - start, e - start) for s, e in spans[n:])
     else:
         rel = tuple((s - start, e - start) for s, e in spans)
+    # a view, not a copy, of an immutable body (kept whole); anything else is copied
+    items = memoryview(raw)[start:last] if type(raw) is bytes else bytes(raw[start:last])
     return Prefix(
-        raw[start:last],
+        items,
         rel,
         fold,
         size,

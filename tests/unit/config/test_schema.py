@@ -97,6 +97,13 @@ def test_the_shipped_file_and_the_profiles_validate(schema: dict[str, Any], path
             ["guards", "repeat_reminder", "inject_as"],
         ),
         ({"mode": "off"}, ["mode"]),
+        # what checks.thresholds rejects, the schema says too
+        (
+            {"guards": {"repeat_reminder": {"thresholds": [1, 3]}}},
+            ["guards", "repeat_reminder", "thresholds", 0],
+        ),
+        ({"guards": {"same_target": {"thresholds": [3, 3]}}}, ["guards", "same_target", "thresholds"]),
+        ({"guards": {"repeat_reminder": {"thresholds": []}}}, ["guards", "repeat_reminder", "thresholds"]),
     ],
 )
 def test_a_bad_file_fails_on_the_key_it_names(schema: dict[str, Any], data: Any, path: list[str]) -> None:
