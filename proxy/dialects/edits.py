@@ -315,7 +315,7 @@ def reuse(
             mine = Kept(cut, kept.actions, reused, base) if reused is not kept.edits else kept
         elif hit and kept is not None and until is not None:
             # every kept edit is of an item before kept.cut < cut: only the new ones are filtered
-            extra = tuple(x for x in fresh if x[0] < cut)
+            extra = tuple((p, s, e, jsonbody.kept(b)) for p, s, e, b in fresh if p < cut)  # own size
             grown = kept.edit_bytes + sum(EDIT_BYTES + len(x[3]) for x in extra)
             mine = Kept(cut, until, (*reused, *extra), base, grown)
         else:
