@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+from collections import Counter
 from collections.abc import Sequence
 
 from proxy.config import EscalationConfig
@@ -77,8 +78,15 @@ def similar(a: ToolCall, b: ToolCall) -> bool:
     y = canonical_arguments(b.arguments, b.arguments_raw)[:SIMILAR_CHARS]
     if x == y:
         return True
-    matcher = difflib.SequenceMatcher(None, x, y, autojunk=False)
-    return all(r() >= SIMILAR for r in (matcher.real_quick_ratio, matcher.quick_ratio, matcher.ratio))
+    # difflib's two upper bounds of its ratio first (``real_quick_ratio``: the shorter length,
+    # ``quick_ratio``: the characters in common as multisets; the same values, computed without
+    # building the matcher, which costs most of a judged answer's time), then the ratio itself
+    length = len(x) + len(y)
+    if 2.0 * min(len(x), len(y)) / length < SIMILAR:
+        return False
+    if 2.0 * (Counter(x) & Counter(y)).total() / length < SIMILAR:
+        return False
+    return difflib.SequenceMatcher(None, x, y, autojunk=False).ratio() >= SIMILAR
 
 
 class Escalation:
@@ -124,19 +132,20 @@ class Escalation:
         decided before this guard for the whole transcript; only the reminders about calls not
         read yet are taken from it (those about a call are registered when the call is read: the
         ones that count for a call are about earlier calls)."""
-        prior = getattr(ctx, "prior", ())
         calls = transcript.calls
         s = state
         first = s.next
+        if first >= len(calls) or calls[first].position >= upto:
+            return []  # nothing to read: the prior actions need not be looked at
         about: dict[int, list[int]] = {}  # call seq -> where the reminders about it are
-        for action in prior:
-            if (
-                isinstance(action, Remind)
-                and action.call is not None
-                and action.rule != RULE
-                and first <= action.call < len(calls)
-            ):
-                about.setdefault(action.call, []).append(action.after)
+        n = len(calls)
+        # every action decided before this guard, withheld results (most of a long history's)
+        # among them: the reminders about unread calls picked out in one comprehension
+        prior = getattr(ctx, "prior", ())
+        for action in [a for a in prior if isinstance(a, Remind) and a.call is not None and a.call >= first]:
+            seq = action.call
+            if seq is not None and seq < n and action.rule != RULE:
+                about.setdefault(seq, []).append(action.after)
         masks = self._situations.masks
         actions: list[Action] = []
         for call in unread(s, calls, upto):

@@ -133,12 +133,21 @@ def evaluate_from(
     ctx: Context,
     observed: AbstractSet[str] = frozenset(),
     checkpoint: Checkpoint | None = None,
+    keep: bool = True,
 ) -> tuple[list[Action], Checkpoint | None]:
     """:func:`proxy.guards.evaluate`, resuming the resumable guards from ``checkpoint`` when it
     :meth:`~Checkpoint.fits`; returns the actions (exactly what ``evaluate`` returns) and the
-    checkpoint of this transcript (None when it has no step)."""
+    checkpoint of this transcript (None when it has no step; always None with ``keep`` False:
+    a caller that drops it, the stop judge, saves a copy of every guard's state).
+
+    A transcript cut where ``checkpoint`` was (the same history sent again, or only results or a
+    user message after its last step) has nothing between the two cuts: each guard's kept state
+    is its state at the new cut as it is, so it is copied once (to read the rest) instead of
+    twice, and ``checkpoint`` itself is returned."""
     new_cut = cut(transcript)
     usable = checkpoint is not None and checkpoint.fits(guards, observed, new_cut)
+    same = usable and checkpoint is not None and checkpoint.cut == new_cut
+    keep = keep and new_cut is not None and not same
     end = transcript.message_count
     actions: list[Action] = []
     states: list[Any] = []
@@ -157,14 +166,18 @@ def evaluate_from(
         else:
             state = g.begin()
             own = []
-        if new_cut is not None:
+        if new_cut is not None and not same:  # same: every unit before the cut is read already
             own.extend(g.advance(state, transcript, gctx, new_cut))
-            states.append(state.copy())
-            kept.append(tuple(own))
+            if keep:
+                states.append(state.copy())
+                kept.append(tuple(own))
         own.extend(g.advance(state, transcript, gctx, end))
         actions.extend(own)
-    if new_cut is None or not _settled(transcript, checkpoint.cut if usable and checkpoint else 0, new_cut):
+    if same:
+        return actions, checkpoint
+    if not keep or not _settled(transcript, checkpoint.cut if usable and checkpoint else 0, new_cut):
         return actions, None
+    assert new_cut is not None
     return actions, Checkpoint(tuple(guards), frozenset(observed), new_cut, tuple(states), tuple(kept))
 
 

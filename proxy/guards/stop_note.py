@@ -71,6 +71,12 @@ class StopNote:
         self._ladder = ladder
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
+        # the user messages and whether each is a harness reply: without a reply there is no
+        # note, whatever was withheld (re-derived on every request, so this is read first: a
+        # long history holds a withheld result per loop and one or two user messages)
+        users = [(said, is_harness_reply(said.text)) for said in transcript.said if said.role == "user"]
+        if not any(reply for _, reply in users):
+            return []
         by_position: dict[int, Withhold] = {}  # one result withheld by several guards counts once
         for a in getattr(ctx, "prior", ()):
             if isinstance(a, Withhold) and not a.observed:
@@ -82,10 +88,8 @@ class StopNote:
         calls = [c.position for c in transcript.calls]
         out: list[Action] = []
         start = -1  # the current turn's first message (a person's, or -1)
-        for said in transcript.said:
-            if said.role != "user":
-                continue
-            if not is_harness_reply(said.text):
+        for said, reply in users:
+            if not reply:
                 start = said.position
                 continue
             lo = bisect.bisect_right(positions, start)

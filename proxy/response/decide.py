@@ -242,7 +242,7 @@ class StopJudge:
         if not (by_denials or by_cap or self._escalated):
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
-        evaluated = evaluate_from(extended, self._guards, self._ctx, frozenset(), self._checkpoint)[0]
+        evaluated = evaluate_from(extended, self._guards, self._ctx, frozenset(), self._checkpoint, keep=False)[0]
         denied = sorted((a for a in evaluated if isinstance(a, Withhold)), key=lambda a: a.position)
         denied = [a for a in denied if a.position in pending]
         capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
