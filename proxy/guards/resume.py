@@ -127,6 +127,21 @@ def context_for(
     return dataclasses.replace(ctx, prior=prior)
 
 
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What :func:`evaluate_resumed` decided and kept. ``actions``: exactly what
+    :func:`proxy.guards.evaluate` returns. ``checkpoint``: at the transcript's :func:`cut`, for
+    the conversation's next request (None: no step, a call before the cut still waits for its
+    result, or not asked for). ``end``: every resumable guard's state after the whole transcript
+    (its ``cut`` the message count), for the answer's look-ahead, which appends one step to this
+    very transcript (:class:`proxy.response.decide.StopJudge`): resumed from it, the guards read
+    the answer's calls alone instead of the request's last step again (None: not asked for)."""
+
+    actions: list[Action]
+    checkpoint: Checkpoint | None
+    end: Checkpoint | None = None
+
+
 def evaluate_from(
     transcript: Transcript,
     guards: Sequence[Guard],
@@ -138,26 +153,47 @@ def evaluate_from(
     """:func:`proxy.guards.evaluate`, resuming the resumable guards from ``checkpoint`` when it
     :meth:`~Checkpoint.fits`; returns the actions (exactly what ``evaluate`` returns) and the
     checkpoint of this transcript (None when it has no step; always None with ``keep`` False:
-    a caller that drops it, the stop judge, saves a copy of every guard's state).
+    a caller that drops it, the stop judge, saves a copy of every guard's state). See
+    :func:`evaluate_resumed`."""
+    done = evaluate_resumed(transcript, guards, ctx, observed, checkpoint, keep=keep)
+    return done.actions, done.checkpoint
+
+
+def evaluate_resumed(
+    transcript: Transcript,
+    guards: Sequence[Guard],
+    ctx: Context,
+    observed: AbstractSet[str] = frozenset(),
+    checkpoint: Checkpoint | None = None,
+    keep: bool = True,
+    end: bool = False,
+) -> Evaluation:
+    """:func:`evaluate_from` as an :class:`Evaluation`, with its ``end`` checkpoint when ``end``
+    is True (the guards' states after the last advance, which nothing changes afterwards: kept
+    as they are, no copy).
 
     A transcript cut where ``checkpoint`` was (the same history sent again, or only results or a
     user message after its last step) has nothing between the two cuts: each guard's kept state
     is its state at the new cut as it is, so it is copied once (to read the rest) instead of
-    twice, and ``checkpoint`` itself is returned."""
+    twice, and ``checkpoint`` itself is kept."""
     new_cut = cut(transcript)
     usable = checkpoint is not None and checkpoint.fits(guards, observed, new_cut)
     same = usable and checkpoint is not None and checkpoint.cut == new_cut
     keep = keep and new_cut is not None and not same
-    end = transcript.message_count
+    count = transcript.message_count
     actions: list[Action] = []
     states: list[Any] = []
     kept: list[tuple[Action, ...]] = []
+    ends: list[Any] = []
+    ended: list[tuple[Action, ...]] = []
     for i, guard in enumerate(guards):
         gctx = context_for(guard, ctx, actions, observed)
         if not resumable(guard):
             actions.extend(guard(transcript, gctx))
             states.append(None)
             kept.append(())
+            ends.append(None)
+            ended.append(())
             continue
         g: Any = guard
         if usable and checkpoint is not None and checkpoint.states[i] is not None:
@@ -171,14 +207,19 @@ def evaluate_from(
             if keep:
                 states.append(state.copy())
                 kept.append(tuple(own))
-        own.extend(g.advance(state, transcript, gctx, end))
+        own.extend(g.advance(state, transcript, gctx, count))
         actions.extend(own)
+        if end:
+            ends.append(state)
+            ended.append(tuple(own))
+    last = Checkpoint(tuple(guards), frozenset(observed), count, tuple(ends), tuple(ended)) if end else None
     if same:
-        return actions, checkpoint
+        return Evaluation(actions, checkpoint, last)
     if not keep or not _settled(transcript, checkpoint.cut if usable and checkpoint else 0, new_cut):
-        return actions, None
+        return Evaluation(actions, None, last)
     assert new_cut is not None
-    return actions, Checkpoint(tuple(guards), frozenset(observed), new_cut, tuple(states), tuple(kept))
+    made = Checkpoint(tuple(guards), frozenset(observed), new_cut, tuple(states), tuple(kept))
+    return Evaluation(actions, made, last)
 
 
 def _settled(transcript: Transcript, since: int, upto: int) -> bool:

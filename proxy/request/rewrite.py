@@ -17,7 +17,7 @@ nothing of the stages after it:
    (:meth:`PrefixCache.get`: a look-up only);
 4. read the new messages (:func:`proxy.request.read.read`): the transcript, resuming the kept
    parse state;
-5. run the guards (:func:`proxy.guards.resume.evaluate_from`), resuming the kept checkpoint;
+5. run the guards (:func:`proxy.guards.resume.evaluate_resumed`), resuming the kept checkpoint;
 6. write the edits (:func:`proxy.request.edits.write`), reusing the kept ones;
 7. keep the state (:meth:`PrefixCache.keep`) for the next request.
 """
@@ -35,7 +35,7 @@ from proxy.core.transcript import Transcript
 from proxy.dialects import Dialect, openai_chat, openai_responses
 from proxy.errors import DialectError
 from proxy.guards import Context, Guard
-from proxy.guards.resume import Checkpoint, evaluate_from
+from proxy.guards.resume import Checkpoint, evaluate_resumed
 from proxy.request import chain as chains
 from proxy.request.conversation import conversation_key
 from proxy.request.edits import write
@@ -64,8 +64,9 @@ class RequestDecision:
     transcript: Transcript | None = None
     unguarded: str | None = None
     chain: Chain | None = None
-    #: the guards' checkpoint of ``transcript`` (:class:`proxy.guards.resume.Checkpoint`; None: no
-    #: step, or a chained Responses request), for the response side to resume from
+    #: the guards' states after the whole of ``transcript`` (:attr:`proxy.guards.resume.Evaluation.end`;
+    #: None: not guarded), for the response side's stop judge to resume from (it reads the
+    #: answer's calls only); the prefix cache keeps the one at the cut instead
     checkpoint: Checkpoint | None = None
     #: the body has nothing to guard (:func:`proxy.request.plain.nothing_to_guard`): not decoded,
     #: no guard run; the response side builds its stop judge from ``body`` only if an answer has calls
@@ -146,14 +147,14 @@ def decide_request(
     state = state_for(key) if state_for is not None else None
     ctx = Context(conversation=key, now_ms=now_ms, state=state)
     try:
-        evaluated, checkpoint = evaluate_from(history.transcript, guards, ctx, observed, history.checkpoint)
+        done = evaluate_resumed(history.transcript, guards, ctx, observed, history.checkpoint, end=True)
     except RecursionError:  # arguments nested past what the guards' walks take (~500 levels)
         if prefixes is not None:  # what the read established holds still; the guards kept nothing
             prefixes.keep(suffix, key, history.entry, hit=history.hit, fast=history.fast)
         if responses:  # a Responses request has always failed open here (the server's fail-open)
             raise
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
-    actions = mark_observed(evaluated, observed)
+    actions = mark_observed(done.actions, observed)
     continued = link.entry if link is not None else None
     written = write(raw, dialect, located, history, applied(actions), continued)
     if prefixes is not None:
@@ -161,7 +162,7 @@ def decide_request(
             suffix,
             key,
             history.entry,
-            checkpoint,
+            done.checkpoint,
             written.kept,
             hit=history.hit,
             fast=history.fast,
@@ -177,7 +178,7 @@ def decide_request(
         stream,
         history.transcript,
         chain=chain,
-        checkpoint=checkpoint,
+        checkpoint=done.end,
     )
 
 

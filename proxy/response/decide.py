@@ -2,9 +2,9 @@
 
 - **Stop** (:class:`StopJudge`): the response's calls are appended to the request's transcript as
   one more step, with empty placeholder results marked ``pending``, and the request-side guards
-  are asked whether they would withhold any of them (the same guards, resumed from the request's
-  checkpoint when there is one, :func:`proxy.guards.resume.evaluate_from`, so only the request's
-  last step and the answer's are read; no guard logic duplicated here; a placeholder is never
+  are asked whether they would withhold any of them (the same guards, resumed from their states
+  after the request's whole transcript when there are some, :attr:`proxy.guards.resume.Evaluation.end`,
+  so only the answer's step is read; no guard logic duplicated here; a placeholder is never
   compared: progress-aware rules judge a pending call by the previous pair, :mod:`proxy.core.progress`).
   The turn is stopped when
   - a call would be denied and the current turn (after the last user message) already has
@@ -198,8 +198,8 @@ class StopJudge:
         # Only guards that can withhold decide whether a call "would be denied"; reminder-only
         # guards (``withholds = False``) are skipped. A guard without the flag is asked.
         self._guards = tuple(g for g in guards if getattr(g, "withholds", True))
-        # the request's checkpoint, narrowed to these guards: the guards resume from it
-        # over the request's last step and the answer's instead of reading the whole history
+        # the request's guards after its whole transcript, narrowed to these guards: they resume
+        # from it over the answer's step alone instead of reading the whole history
         self._checkpoint = checkpoint.narrowed(self._guards) if checkpoint is not None else None
         # the escalation ladder reads the reminders: those of the request (the answer's own step
         # has none yet), since reminder-only guards are not asked again

@@ -795,7 +795,7 @@ async def test_fail_open_when_guards_raise(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("guard bug")
 
-    monkeypatch.setattr(proxy.request.rewrite, "evaluate_from", boom)
+    monkeypatch.setattr(proxy.request.rewrite, "evaluate_resumed", boom)
     base = await make_proxy()
     raw = body_of(repeated_call_messages(3))  # would normally get a reminder
     async with agent.post(base + CHAT, data=raw) as r:

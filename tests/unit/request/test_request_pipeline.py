@@ -40,7 +40,7 @@ CHAT = [
     ("request/conversation.py", "conversation_key"),
     ("request/rewrite.py", "_kept"),  # the conversation's kept prefix: a look-up only
     ("request/read.py", "read"),
-    ("guards/resume.py", "evaluate_from"),
+    ("guards/resume.py", "evaluate_resumed"),
     ("core/actions.py", "mark_observed"),
     ("core/actions.py", "applied"),
     ("request/edits.py", "write"),
@@ -55,7 +55,7 @@ RESPONSES_CHAINED = [
     ("request/rewrite.py", "_kept"),
     ("request/read.py", "read"),
     ("request/chain.py", "chain"),
-    ("guards/resume.py", "evaluate_from"),
+    ("guards/resume.py", "evaluate_resumed"),
     ("core/actions.py", "mark_observed"),
     ("core/actions.py", "applied"),
     ("request/edits.py", "write"),
