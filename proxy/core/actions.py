@@ -123,6 +123,10 @@ def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tupl
     return tuple(dataclasses.replace(a, observed=True) if a.rule in observed else a for a in actions)
 
 
-def applied(actions: Iterable[Action]) -> tuple[Action, ...]:
-    """The actions that are applied: those not ``observed``."""
+def applied(actions: Iterable[Action], observed: AbstractSet[str] | None = None) -> tuple[Action, ...]:
+    """The actions that are applied: those not ``observed``. ``observed``: the observed rules
+    they were decided under (:func:`mark_observed`), when known: with none, none is marked, and
+    the actions are returned without a pass over them (a long history re-derives thousands)."""
+    if observed is not None and not observed:
+        return tuple(actions)
     return tuple(a for a in actions if not a.observed)

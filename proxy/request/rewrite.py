@@ -156,7 +156,7 @@ def decide_request(
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     actions = mark_observed(done.actions, observed)
     continued = link.entry if link is not None else None
-    written = write(raw, dialect, located, history, applied(actions), continued)
+    written = write(raw, dialect, located, history, applied(actions, observed), continued)
     if prefixes is not None:
         prefixes.keep(
             suffix,

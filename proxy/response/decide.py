@@ -214,16 +214,13 @@ class StopJudge:
         #: messages with the same text): the stream guard then holds a text-only choice's finish
         self.on_text_only = self._monologue is not None and self._monologue.stop_possible(transcript)
         last_user = turn_start(transcript)
+        # the request's withheld results in the current turn (fresh and re-derived), in one pass
+        turn = [a for a in request_actions if isinstance(a, Withhold) and a.position > last_user]
         #: withheld results in the current turn of the request (fresh and re-derived)
-        self.withheld = len(
-            {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
-        )
+        self.withheld = len({a.position for a in turn})
         # escalation: a withheld result of the ladder in this turn makes the next one a stop
         ladder = next((g for g in guards if isinstance(g, Escalation) and g.config.stop), None)
-        self._escalated = ladder is not None and any(
-            isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
-            for a in request_actions
-        )
+        self._escalated = ladder is not None and any(a.rule == ESCALATION_RULE for a in turn)
 
     @staticmethod
     def enabled(cfg: Config) -> bool:
@@ -243,8 +240,11 @@ class StopJudge:
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
         evaluated = evaluate_from(extended, self._guards, self._ctx, frozenset(), self._checkpoint, keep=False)[0]
-        denied = sorted((a for a in evaluated if isinstance(a, Withhold)), key=lambda a: a.position)
-        denied = [a for a in denied if a.position in pending]
+        # the answer's own withheld results (filtered before the sort, which is stable: the
+        # same order as sorting every re-derived action of a long history first)
+        denied = sorted(
+            (a for a in evaluated if isinstance(a, Withhold) and a.position in pending), key=lambda a: a.position
+        )
         capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
         if by_cap and capped:
             return self._stop(CAP, capped[0], capped[0].limit)
