@@ -149,13 +149,14 @@ def evaluate_from(
     observed: AbstractSet[str] = frozenset(),
     checkpoint: Checkpoint | None = None,
     keep: bool = True,
+    new_only: bool = False,
 ) -> tuple[list[Action], Checkpoint | None]:
     """:func:`proxy.guards.evaluate`, resuming the resumable guards from ``checkpoint`` when it
     :meth:`~Checkpoint.fits`; returns the actions (exactly what ``evaluate`` returns) and the
     checkpoint of this transcript (None when it has no step; always None with ``keep`` False:
     a caller that drops it, the stop judge, saves a copy of every guard's state). See
     :func:`evaluate_resumed`."""
-    done = evaluate_resumed(transcript, guards, ctx, observed, checkpoint, keep=keep)
+    done = evaluate_resumed(transcript, guards, ctx, observed, checkpoint, keep=keep, new_only=new_only)
     return done.actions, done.checkpoint
 
 
@@ -167,10 +168,20 @@ def evaluate_resumed(
     checkpoint: Checkpoint | None = None,
     keep: bool = True,
     end: bool = False,
+    new_only: bool = False,
 ) -> Evaluation:
     """:func:`evaluate_from` as an :class:`Evaluation`, with its ``end`` checkpoint when ``end``
     is True (the guards' states after the last advance, which nothing changes afterwards: kept
     as they are, no copy).
+
+    ``new_only``: the actions of a resumed guard are only those it decides for what lies after
+    the checkpoint's cut (the ones before it are not handed on, to the caller nor to the guards
+    that read prior actions); for a caller that reads only those, over a transcript whose units
+    before the cut are all the checkpoint's (the stop judge: the answer's step after the
+    request's whole transcript). A guard that reads prior actions then reads them from
+    ``ctx.prior`` (the stop judge's: the request's reminders) and the new ones; the escalation
+    ladder, the one such guard the judge asks, counts a reminder once per place and reads only
+    those about calls it has not read.
 
     A transcript cut where ``checkpoint`` was (the same history sent again, or only results or a
     user message after its last step) has nothing between the two cuts: each guard's kept state
@@ -198,7 +209,7 @@ def evaluate_resumed(
         g: Any = guard
         if usable and checkpoint is not None and checkpoint.states[i] is not None:
             state = checkpoint.states[i].copy()
-            own = list(checkpoint.actions[i])
+            own = [] if new_only else list(checkpoint.actions[i])
         else:
             state = g.begin()
             own = []

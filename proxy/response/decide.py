@@ -40,8 +40,10 @@ history (for the first-stop-per-conversation incident record).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import operator
 import re
 import string
 from collections import Counter
@@ -157,11 +159,17 @@ def turn_start(transcript: Transcript) -> int:
     said = transcript.said
     j = len(said) - 1
     for pos in reversed(transcript.user_positions):
-        while j >= 0 and (said[j].position > pos or (said[j].position == pos and said[j].role != "user")):
+        # the last said message at or before ``pos`` (found by bisection: an agent's turn holds
+        # thousands of assistant messages after its user message)
+        j = min(j, bisect.bisect_right(said, pos, key=_position) - 1)
+        while j >= 0 and said[j].position == pos and said[j].role != "user":
             j -= 1
         if j < 0 or said[j].position != pos or not is_harness_reply(said[j].text):
             return pos
     return -1
+
+
+_position = operator.attrgetter("position")
 
 
 class StopJudge:
@@ -214,13 +222,17 @@ class StopJudge:
         #: messages with the same text): the stream guard then holds a text-only choice's finish
         self.on_text_only = self._monologue is not None and self._monologue.stop_possible(transcript)
         last_user = turn_start(transcript)
-        # the request's withheld results in the current turn (fresh and re-derived), in one pass
-        turn = [a for a in request_actions if isinstance(a, Withhold) and a.position > last_user]
         #: withheld results in the current turn of the request (fresh and re-derived)
-        self.withheld = len({a.position for a in turn})
-        # escalation: a withheld result of the ladder in this turn makes the next one a stop
+        self.withheld = len(
+            {a.position for a in request_actions if isinstance(a, Withhold) and a.position > last_user}
+        )
+        # escalation: a withheld result of the ladder in this turn makes the next one a stop (the
+        # ladder is the last guard that withholds: its actions are found from the end)
         ladder = next((g for g in guards if isinstance(g, Escalation) and g.config.stop), None)
-        self._escalated = ladder is not None and any(a.rule == ESCALATION_RULE for a in turn)
+        self._escalated = ladder is not None and any(
+            isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
+            for a in reversed(request_actions)
+        )
 
     @staticmethod
     def enabled(cfg: Config) -> bool:
@@ -239,7 +251,9 @@ class StopJudge:
         if not (by_denials or by_cap or self._escalated):
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
-        evaluated = evaluate_from(extended, self._guards, self._ctx, frozenset(), self._checkpoint, keep=False)[0]
+        evaluated = evaluate_from(
+            extended, self._guards, self._ctx, frozenset(), self._checkpoint, keep=False, new_only=True
+        )[0]
         # the answer's own withheld results (filtered before the sort, which is stable: the
         # same order as sorting every re-derived action of a long history first)
         denied = sorted(
