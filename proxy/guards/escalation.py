@@ -97,6 +97,10 @@ class Escalation:
 
     name = RULE
     reads_prior = True
+    #: of the prior actions only the reminders about calls not read yet are taken (a reminder names
+    #: the call that brought it): a resumed run hands it only the actions decided in that run
+    #: (:func:`proxy.guards.resume.evaluate_resumed`), not a long history's thousands before the cut
+    reads_prior_unread = True
 
     def __init__(
         self,

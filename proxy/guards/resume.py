@@ -197,10 +197,21 @@ def evaluate_resumed(
     kept: list[tuple[Action, ...]] = []
     ends: list[Any] = []
     ended: list[tuple[Action, ...]] = []
+    decided: list[Action] = []  # the actions decided in this run (not handed on from the checkpoint)
     for i, guard in enumerate(guards):
-        gctx = context_for(guard, ctx, actions, observed)
+        # a guard that reads only the prior actions about calls it has not read gets those of
+        # this run: the ones handed on are about calls before the cut, all read already
+        unread_only = (
+            usable
+            and checkpoint is not None
+            and checkpoint.states[i] is not None
+            and getattr(guard, "reads_prior_unread", False)
+        )
+        gctx = context_for(guard, ctx, decided if unread_only else actions, observed)
         if not resumable(guard):
-            actions.extend(guard(transcript, gctx))
+            whole = guard(transcript, gctx)
+            actions.extend(whole)
+            decided.extend(whole)
             states.append(None)
             kept.append(())
             ends.append(None)
@@ -213,6 +224,7 @@ def evaluate_resumed(
         else:
             state = g.begin()
             own = []
+        handed = len(own)
         if new_cut is not None and not same:  # same: every unit before the cut is read already
             own.extend(g.advance(state, transcript, gctx, new_cut))
             if keep:
@@ -220,6 +232,7 @@ def evaluate_resumed(
                 kept.append(tuple(own))
         own.extend(g.advance(state, transcript, gctx, count))
         actions.extend(own)
+        decided.extend(own[handed:])
         if end:
             ends.append(state)
             ended.append(tuple(own))
