@@ -49,10 +49,19 @@ class Wire:
 def _kind(raw: bytes, fields: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     """The item's ``type`` and ``role`` when they are strings (anything else is no kind)."""
     return {
-        k: json.loads(raw[fields[k][0] : fields[k][1]])
+        k: _string(raw[fields[k][0] : fields[k][1]])
         for k in ("type", "role")
         if k in fields and raw[fields[k][0] : fields[k][0] + 1] == b'"'
     }
+
+
+def _string(token: bytes) -> Any:
+    """The value of the JSON string ``token`` (from a body already read as JSON): without a
+    backslash its bytes between the quotes are the text (``"tool"``, ``"assistant"``), else
+    the standard library's decoder reads it (escapes, lone surrogates)."""
+    if b"\\" not in token:
+        return token[1:-1].decode()
+    return json.loads(token)
 
 
 def replace_member(fields: Mapping[str, tuple[int, int]], start: int, member: str, text: str) -> Edit:

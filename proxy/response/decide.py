@@ -256,9 +256,8 @@ class StopJudge:
         )[0]
         # the answer's own withheld results (filtered before the sort, which is stable: the
         # same order as sorting every re-derived action of a long history first)
-        denied = sorted(
-            (a for a in evaluated if isinstance(a, Withhold) and a.position in pending), key=lambda a: a.position
-        )
+        mine = [a for a in evaluated if isinstance(a, Withhold) and a.position in pending]
+        denied = sorted(mine, key=lambda a: a.position)
         capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
         if by_cap and capped:
             return self._stop(CAP, capped[0], capped[0].limit)
