@@ -190,6 +190,7 @@ def evaluate_resumed(
     new_cut = cut(transcript)
     usable = checkpoint is not None and checkpoint.fits(guards, observed, new_cut)
     same = usable and checkpoint is not None and checkpoint.cut == new_cut
+    wanted = keep
     keep = keep and new_cut is not None and not same
     count = transcript.message_count
     actions: list[Action] = []
@@ -238,7 +239,7 @@ def evaluate_resumed(
             ended.append(tuple(own))
     last = Checkpoint(tuple(guards), frozenset(observed), count, tuple(ends), tuple(ended)) if end else None
     if same:
-        return Evaluation(actions, checkpoint, last)
+        return Evaluation(actions, checkpoint if wanted else None, last)
     if not keep or not _settled(transcript, checkpoint.cut if usable and checkpoint else 0, new_cut):
         return Evaluation(actions, None, last)
     assert new_cut is not None
