@@ -380,20 +380,29 @@ class EpochCounter:
     :meth:`unchanged` as of :class:`Epochs` (by index in the order added). Mutable; :meth:`copy`
     is independent. Gives exactly what :func:`epochs` gives for the same calls."""
 
-    __slots__ = ("_rule", "after", "before", "n", "seen")
+    __slots__ = ("_own_seen", "_rule", "after", "before", "count", "n", "seen")
 
     def __init__(self, situations: Situations) -> None:
         self._rule = situations
         self.n = 0
+        #: the calls added; ``before``/``after`` hold at least that many numbers (a copy shares
+        #: them with the counter it was made from: what either adds goes after the shared
+        #: first ``count``, which never change)
+        self.count = 0
         self.before: list[int] = []
         self.after: list[int] = []
         #: per (tool, arguments) of a call that may change the situation, its last 4 results
-        #: (tuples: a copy shares them)
+        #: (tuples: a copy shares them; the dict too, until either changes it)
         self.seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._own_seen = True
 
     def add(self, call: ToolCall) -> None:
         """Number ``call``, the next one in conversation order."""
         rule = self._rule
+        if len(self.before) != self.count:  # a counter sharing the numbers added past them
+            self.before = self.before[: self.count]
+            self.after = self.after[: self.count]
+        self.count += 1
         self.before.append(self.n)
         if is_wait(call):  # as in :func:`epochs`
             self.n += 1
@@ -404,6 +413,8 @@ class EpochCounter:
                 novel = results is None
             else:
                 novel = results is None or not any(same_result(r, call.result, rule.masks) for r in results)
+                if not self._own_seen:
+                    self.seen, self._own_seen = dict(self.seen), True
                 self.seen[key] = (*(results or ())[-3:], call.result)  # the last few results are enough
             # classified only when it matters: a failed, rejected or cancelled call changed nothing
             if novel and rule.failures(call.result) is not True and not rule.rejections(call.result):
@@ -415,11 +426,14 @@ class EpochCounter:
         return self.before[later] == self.after[earlier]
 
     def copy(self) -> EpochCounter:
+        """An independent copy, sharing what is read so far (copy on write: a resumed request
+        copies every guard's counter twice, each holding two numbers per call of a long
+        history, and adds a few calls to one of them)."""
         out = EpochCounter(self._rule)
-        out.n = self.n
-        out.before = list(self.before)
-        out.after = list(self.after)
-        out.seen = dict(self.seen)
+        out.n, out.count = self.n, self.count
+        out.before, out.after = self.before, self.after
+        out.seen, out._own_seen = self.seen, False
+        self._own_seen = False  # shared from now on: either copies it before changing it
         return out
 
 

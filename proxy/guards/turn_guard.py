@@ -277,7 +277,7 @@ class TurnGuard:
         counted = True
         if t.judge is not None and t.epochs is not None:
             t.epochs.add(call)
-            counted = t.judge.repeats(key, call.result, len(t.epochs.before) - 1) or key not in same_call
+            counted = t.judge.repeats(key, call.result, t.epochs.count - 1) or key not in same_call
         if counted:
             same_call[key] += 1
         t_key, t_count = None, 0
