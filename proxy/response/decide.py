@@ -141,12 +141,18 @@ def with_pending_step(transcript: Transcript, calls: Sequence[AssembledCall]) ->
         for i, c in enumerate(calls)
     )
     step = Step(step_index, pos, tuple(c.seq for c in new), pos + len(new))
-    extended = dataclasses.replace(
-        transcript,
-        calls=transcript.calls + new,
-        steps=(*transcript.steps, step),
-        message_count=pos + 1 + len(new),
-        newest_step=step_index,
+    t = transcript  # made field by field: ``dataclasses.replace`` reads every field by name
+    extended = Transcript(
+        t.calls + new,
+        (*t.steps, step),
+        t.user_positions,
+        t.assistant_text_positions,
+        pos + 1 + len(new),
+        step_index,
+        t.said,
+        t.tools,
+        t.tool_choice,
+        t.action_shapes,
     )
     return extended, {pos + 1 + i for i in range(len(new))}
 
@@ -211,7 +217,8 @@ class StopJudge:
         self._checkpoint = checkpoint.narrowed(self._guards) if checkpoint is not None else None
         # the escalation ladder reads the reminders: those of the request (the answer's own step
         # has none yet), since reminder-only guards are not asked again
-        self._ctx = dataclasses.replace(ctx, prior=tuple(a for a in request_actions if isinstance(a, Remind)))
+        reminders = tuple(a for a in request_actions if isinstance(a, Remind))
+        self._ctx = Context(ctx.conversation, ctx.now_ms, ctx.state, reminders)
         self._cfg = cfg.stop
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
