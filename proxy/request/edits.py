@@ -65,8 +65,10 @@ def _body_for(located: Located, raw: bytes, dialect: Dialect, enforced: Sequence
         return jsonbody.decode(raw)
     withheld = [a for a in enforced if isinstance(a, Withhold)]
     since = read.edits.cut if read.edits is not None and all(a.part is None for a in withheld) else 0
-    positions = {a.position for a in withheld if a.position >= since}
-    positions |= {a.after for a in enforced if isinstance(a, Remind) and a.after >= since}
+    positions: set[int] = set()
+    if since < located.resume.at.n:  # only kept items are decoded: none at or after the reused edits
+        positions = {a.position for a in withheld if a.position >= since}
+        positions |= {a.after for a in enforced if isinstance(a, Remind) and a.after >= since}
     return full_body(located.resume, located.body, raw, dialect.ITEMS, positions)
 
 
