@@ -12,6 +12,7 @@ import difflib
 from proxy.config import Config
 from proxy.core.actions import Remind, Withhold, applied
 from proxy.core.canonical import parse_arguments
+from proxy.core.effects import Situations
 from proxy.core.transcript import ToolCall
 from proxy.dialects import openai_chat
 from proxy.dialects.edits import _string
@@ -128,3 +129,53 @@ def test_the_stop_ladder_turn_is_found_past_many_assistant_messages() -> None:
     assert t.user_positions == (1, 62)
     assert turn_start(t) == 1  # the harness's reply starts no turn
     assert turn_start(openai_chat.parse_request({"messages": repeated_call_messages(30)})) == 0
+
+
+def test_a_situation_counter_copy_shares_until_either_adds() -> None:
+    edits = openai_chat.parse_request(
+        {
+            "messages": [
+                {"role": "user", "content": "go"},
+                *[
+                    m
+                    for i in range(6)
+                    for m in (
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": f"c{i}",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "bash",
+                                        "arguments": f'{{"command": "touch f{i % 2}"}}',
+                                    },
+                                }
+                            ],
+                        },
+                        {"role": "tool", "tool_call_id": f"c{i}", "content": f"done {i}"},
+                    )
+                ],
+            ]
+        }
+    )
+    calls = edits.calls
+    whole = Situations().epoch_counter()
+    for c in calls:
+        whole.add(c)
+    a = Situations().epoch_counter()
+    for c in calls[:3]:
+        a.add(c)
+    b = a.copy()
+    assert b.before is a.before  # shared, not copied
+    for c in calls[3:]:
+        a.add(c)
+    c2 = b.copy()
+    for c in calls[3:]:
+        b.add(c)  # past what ``a`` added to the shared numbers: its own from here
+    assert b.before is not a.before and c2.count == 3
+    for counter in (a, b):
+        assert counter.count == 6
+        assert counter.before[:6] == whole.before and counter.after[:6] == whole.after
+    assert whole.before == [0, 1, 2, 3, 4, 5] and whole.after == [1, 2, 3, 4, 5, 6]
