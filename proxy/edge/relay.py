@@ -264,14 +264,11 @@ def plan(
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
     ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
     side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
+    if not tap:
+        return side
     readable = upstream.status == 200 and _encoding(upstream) is None
     sse = upstream.content_type == "text/event-stream"
-    if (
-        tap
-        and readable
-        and guarded in (True, "chat")
-        and (sse or upstream.content_type == "application/json")
-    ):
+    if readable and guarded in (True, "chat") and (sse or upstream.content_type == "application/json"):
         if side is None:  # the response side reads nothing: relayed unchanged, read for the capture
             side = ResponseSide("observe", cfg, None, "chat")
         side.tap = Assembly() if sse else bytearray()
