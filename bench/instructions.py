@@ -8,7 +8,10 @@ Starts the fake upstream, the load generator (``bench/run.py``'s) and each arm i
 ``valgrind --tool=callgrind --instr-atstart=no`` (nothing is counted while it starts). Per
 workload: 100 requests to warm up (the prefix cache, aiohttp's pools), then instrumentation on,
 ``--requests`` requests at concurrency 4, instrumentation off and a dump
-(``callgrind_control``); the dump's total divided by the requests is the figure. Counted: the
+(``callgrind_control``); the dump's total divided by the requests is the figure. Workload
+``session`` (not run unless asked: several minutes an arm) is ``bench/run.py``'s agent session,
+one conversation growing from 10 KB to 5 MB over 120 requests sent one after the other, counted
+over its first and its last 10% of requests (the middle sent uncounted). Counted: the
 arm's own user-space instructions (the interpreter, aiohttp's C parts, orjson); not counted: the
 kernel's work (socket reads and writes, the same for every proxy), so ratios here are wider than
 the throughput ratios of ``bench/run.py``, which include it. The same arms and configs as
@@ -21,6 +24,7 @@ bare). Needs ``valgrind`` (Debian's package); says so and exits 2 without it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import subprocess
 import sys
@@ -29,14 +33,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run
+import workloads
+from loadgen import HEADERS, PATH
 
 ARMS = ("bare", "loopguard-off", "loopguard")
 WORKLOADS = ("small", "chat", "agent")
+#: The agent session of ``bench/run.py`` (10 KB → 5 MB in 120 requests, one conversation, sent one
+#: after the other): counted over its first and its last 10% of requests, the rest sent uncounted.
+SESSION = "session"
+SESSION_SPAN = (10 * 1024, 5 * 1024 * 1024, 120)
 WARMUP = 100
 CONCURRENCY = 4
 
@@ -73,8 +84,14 @@ def measure(
             timeout=600,
         )
     figures: dict[str, float] = {}
+    dumps = iter(range(1, 100))
     try:
-        for k, workload in enumerate(workloads, start=1):
+        for workload in workloads:
+            if workload == SESSION:
+                first, last = asyncio.run(_session(arm, out_file, dumps))
+                figures["session first 10%"], figures["session last 10%"] = first, last
+                continue
+            k = next(dumps)
             batch = {
                 "op": "batch",
                 "url": arm.url,
@@ -89,17 +106,48 @@ def measure(
             _control("-i", "off", str(arm.pid))
             if r["errors"]:
                 raise RuntimeError(f"{arm_name} {workload}: {r['errors']} errors ({r['first_error']})")
-            dump = Path(f"{out_file}.{k}")
-            deadline = time.monotonic() + 30
-            while not dump.exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            figures[workload] = _totals(dump) / r["n"] / 1000
+            figures[workload] = _totals(_dump(out_file, k)) / r["n"] / 1000
     finally:
         run.stop(arm)
     return figures
 
 
-def report(res: dict[str, dict[str, float]], workloads: list[str]) -> str:
+def _dump(out_file: Path, k: int) -> Path:
+    """The ``k``-th dump's file, once callgrind has written it."""
+    dump = Path(f"{out_file}.{k}")
+    deadline = time.monotonic() + 30
+    while not dump.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return dump
+
+
+async def _session(arm: run.Arm, out_file: Path, dumps: Any) -> tuple[float, float]:
+    """The session's requests in order: thousands of instructions per request over the first
+    and the last 10% of them (those two stretches counted, the middle sent uncounted)."""
+    bodies = workloads.session_bodies(*SESSION_SPAN)
+    tenth = max(1, len(bodies) // 10)
+    counted = {0: "first", len(bodies) - tenth: "last"}
+    out: dict[str, float] = {}
+    timeout = aiohttp.ClientTimeout(total=3000)
+    async with aiohttp.ClientSession(timeout=timeout) as client:
+        for i, body in enumerate(bodies):
+            if i in counted:
+                await asyncio.to_thread(_control, "-i", "on", str(arm.pid))
+            async with client.post(arm.url + PATH, data=body, headers=HEADERS) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{arm.name} session request {i + 1}: HTTP {r.status}")
+            if i + 1 - tenth in counted:
+                await asyncio.to_thread(_control, "-d", str(arm.pid))
+                await asyncio.to_thread(_control, "-i", "off", str(arm.pid))
+                out[counted[i + 1 - tenth]] = _totals(_dump(out_file, next(dumps))) / tenth / 1000
+    return out["first"], out["last"]
+
+
+def report(res: dict[str, dict[str, float]], asked: list[str]) -> str:
+    workloads = [
+        w for a in asked for w in ((f"{SESSION} first 10%", f"{SESSION} last 10%") if a == SESSION else (a,))
+    ]
     lines = [
         "| arm | "
         + " | ".join(f"{w} kIr/req" for w in workloads)
@@ -129,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     arms = [a for a in args.arms.split(",") if a]
     workloads = [w for w in args.workloads.split(",") if w]
-    unknown = sorted(set(arms) - set(ARMS)) + sorted(set(workloads) - set(run.WORKLOADS))
+    unknown = sorted(set(arms) - set(ARMS)) + sorted(set(workloads) - {*run.WORKLOADS, SESSION})
     if unknown:
         ap.error(f"unknown arm or workload: {', '.join(unknown)}")
     tmp = Path(tempfile.mkdtemp(prefix="lg-instructions-"))
