@@ -285,15 +285,16 @@ def start_upstream(tmp: Path) -> Arm:
     return Arm("direct", f"http://127.0.0.1:{port}", p, p.pid, note="figures of the fake upstream itself")
 
 
-def start_bare(tmp: Path, upstream: str) -> Arm:
+def start_bare(tmp: Path, upstream: str, prefix: tuple[str, ...] = (), timeout: float = 30) -> Arm:
+    """The bare proxy on a free port; ``prefix``: a command it runs under (``valgrind …``)."""
     arm = Arm("bare", log_path=tmp / "bare.log")
     p = spawn(
-        [sys.executable, str(BENCH / "bare_proxy.py"), "--upstream", upstream],
+        [*prefix, sys.executable, str(BENCH / "bare_proxy.py"), "--upstream", upstream],
         arm.log_path,
         stdout=subprocess.PIPE,
     )
     arm.proc, arm.pid = p, p.pid
-    arm.url = f"http://127.0.0.1:{read_port_line(p, 30)}"
+    arm.url = f"http://127.0.0.1:{read_port_line(p, timeout)}"
     arm.version = f"aiohttp {_version('aiohttp')}"
     return arm
 
@@ -352,15 +353,28 @@ def start_loopguard(
     config: dict[str, Any] | None,
     guards: bool | None = None,
     loop: str = "asyncio",
+    prefix: tuple[str, ...] = (),
+    timeout: float = 60,
 ) -> Arm:
     """loopguard on a free port: with ``config`` (None = defaults), or with every guard on or off
     (``guards``); on asyncio's own event loop, like the bare arm, or on ``loop``
-    (``LOOPGUARD_EVENT_LOOP``: ``uvloop``)."""
+    (``LOOPGUARD_EVENT_LOOP``: ``uvloop``). ``prefix``: a command it runs under (``valgrind …``),
+    ``timeout``: seconds it gets to answer its health check."""
     arm = Arm(name, log_path=tmp / f"{name}.log")
     if guards is not None:
         config = guards_config(guards)
     port = free_port()
-    cmd = [sys.executable, "-m", "proxy", "serve", "--upstream", f"{upstream}/v1", "--port", str(port)]
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--upstream",
+        f"{upstream}/v1",
+        "--port",
+        str(port),
+    ]
     cmd += ["--host", "127.0.0.1"]
     if config is not None:
         cfg_path = tmp / f"{name}.yaml"
@@ -370,7 +384,7 @@ def start_loopguard(
     p = spawn(cmd, arm.log_path, cwd=ROOT, env={"LOOPGUARD_EVENT_LOOP": loop})
     arm.proc, arm.pid = p, p.pid
     arm.url = f"http://127.0.0.1:{port}"
-    wait_http(f"{arm.url}/loop-guard/healthz", p, 60, arm.log_path)
+    wait_http(f"{arm.url}/loop-guard/healthz", p, timeout, arm.log_path)
     arm.version = f"loopguard {_git_rev()}"
     if loop != "asyncio":
         arm.version += f", {loop} {_version(loop)}"

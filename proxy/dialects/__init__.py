@@ -18,6 +18,7 @@ Chat and Responses read tool calls written as text in assistant messages
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -55,10 +56,12 @@ class Dialect(Protocol):
 REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses, anthropic_messages, gemini)  # type: ignore[assignment]
 
 
+@functools.lru_cache(maxsize=256)
 def for_path(path: str) -> Dialect | None:
     """The dialect for a request path (``/v1/responses``, ``/openai/v1/chat/completions``,
     ``/v1/messages``, ``/v1beta/models/gemini-2.5-pro:streamGenerateContent``, …; aiohttp's
-    ``request.path``, without the query), or None for passthrough."""
+    ``request.path``, without the query), or None for passthrough. Memoized (256 paths): an
+    agent sends a handful of paths, and every request asks two or three times."""
     for dialect in REGISTRY:
         matches = getattr(dialect, "matches", None)
         if matches(path) if matches is not None else path.endswith(dialect.PATH_SUFFIX):

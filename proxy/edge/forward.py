@@ -113,7 +113,7 @@ def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] = HO
     for _, v, low in items:
         if low == "connection":
             drop = drop | {t.strip().lower() for t in v.split(",") if t.strip()}
-    return CIMultiDict((k, v) for k, v, low in items if low not in drop)
+    return CIMultiDict([(k, v) for k, v, low in items if low not in drop])
 
 
 def split_credentials(url: str) -> tuple[str, str | None]:

@@ -125,6 +125,12 @@ class IncidentLog:
         self._queue: asyncio.Queue[tuple[str, str, bytes]] | None = None
         self._task: asyncio.Task[None] | None = None
 
+    def seen(self, agent: str, kind: str) -> bool:
+        """Whether ``(agent, kind)`` was recorded by this process (and not yet dropped): then no
+        action of that kind can be a new incident, so the caller need not look for earlier ones
+        in the history (a scan of the whole body per stopped answer)."""
+        return (agent, kind) in self._seen
+
     def record(self, actions: Iterable[Action], agent: str, now_ms: int) -> list[Incident]:
         """The new incidents among ``actions`` of one request of conversation ``agent``; each is
         queued for writing and remembered so a retry of the same request records nothing."""

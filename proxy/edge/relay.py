@@ -56,7 +56,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.core.actions import Action, Stop
-from proxy.edge.incidents import IncidentLog
+from proxy.edge.incidents import STOP_KIND, IncidentLog
 from proxy.edge.observe import Stats, action_summary
 from proxy.guards import Context, Guard
 from proxy.request.response_store import Answer, Chain
@@ -264,14 +264,11 @@ def plan(
     ``on_answer``: the response store's hook for a Responses answer (None: not wanted).
     ``tap``: read the upstream's chat answer for the capture (:attr:`ResponseSide.tap`)."""
     side = _plan(guarded, upstream, decision, guards, cfg, on_answer)
+    if not tap:
+        return side
     readable = upstream.status == 200 and _encoding(upstream) is None
     sse = upstream.content_type == "text/event-stream"
-    if (
-        tap
-        and readable
-        and guarded in (True, "chat")
-        and (sse or upstream.content_type == "application/json")
-    ):
+    if readable and guarded in (True, "chat") and (sse or upstream.content_type == "application/json"):
         if side is None:  # the response side reads nothing: relayed unchanged, read for the capture
             side = ResponseSide("observe", cfg, None, "chat")
         side.tap = Assembly() if sse else bytearray()
@@ -638,7 +635,10 @@ def record(
         return
     try:
         chained = chain is not None and chain.previous is not None and not chain.lost
-        history = earlier_stops(chain.history() if chained else request_body, side.cfg.stop)
+        if incidents.seen(conversation, STOP_KIND):
+            history: list[Stop] = []  # already recorded here: the history cannot change that
+        else:
+            history = earlier_stops(chain.history() if chained else request_body, side.cfg.stop)
         found = incidents.record([*history, *side.actions], conversation, now_ms=int(time.time() * 1000))
     except Exception as exc:  # fail open, like the request side
         failed(stats, "incident", exc)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The uvloop arm runs where the optional extra is installed (``pip install 'loopguard[uvloop]'``);
@@ -124,3 +127,40 @@ def test_bench_smoke_gives_every_arm_every_figure(tmp_path: Path) -> None:
     assert res["targets"] and all(t["result"] in {"PASS", "FAIL", "SKIP"} for t in res["targets"])
     assert all(t["result"] == "SKIP" for t in res["targets"] if "LiteLLM" in t["target"])
     assert "Machine:" in done.stdout and "| target | result | measured |" in done.stdout
+
+
+def test_instruction_counts_run_end_to_end(tmp_path: Path) -> None:
+    """``bench/instructions.py`` counts each arm's instructions per request under callgrind: a
+    figure for every arm and workload asked for, the bare arm's ratio exactly 1."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (.ci/run installs it)")
+    out = tmp_path / "instructions.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "instructions.py"),
+            "--requests",
+            "20",
+            "--arms",
+            "bare,loopguard-off",
+            "--workloads",
+            "chat",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["requests"] == 20
+    figures = res["kIr_per_request"]
+    assert sorted(figures) == ["bare", "loopguard-off"]
+    assert [sorted(f) for f in figures.values()] == [["chat"], ["chat"]]
+    # a forwarded request costs an aiohttp proxy a few hundred thousand instructions at least
+    assert all(f["chat"] > 100 for f in figures.values())
+    table = done.stdout.splitlines()
+    assert table[0] == "| arm | chat kIr/req | chat / bare |"
+    assert table[2].startswith("| bare | ") and table[2].endswith(" | 1.00× |")

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.config import Config, build
-from proxy.core.actions import Remind, Withhold
+from proxy.core.actions import Remind, Stop, Withhold
 from proxy.core.clock import iso_utc
 from proxy.edge.incidents import Incident, IncidentLog, first_fresh_denials
 from proxy.edge.observe import Stats
@@ -266,3 +266,30 @@ def test_stats_keep_the_last_50_incidents() -> None:
         "agent": "a10",
     }
     assert snap["incidents"][-1]["agent"] == "a59"
+
+
+def test_a_stop_already_recorded_skips_the_history_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a conversation's stop incident is recorded here, the next stopped answer records
+    nothing without scanning its request body for earlier stops (a pass over the whole body)."""
+    from proxy.edge import relay
+
+    scans: list[int] = []
+    real = relay.earlier_stops
+
+    def counting(body: bytes, cfg: Any) -> Any:
+        scans.append(len(body))
+        return real(body, cfg)
+
+    monkeypatch.setattr(relay, "earlier_stops", counting)
+    cfg = build(Config, {})
+    log, stats = IncidentLog(), Stats()
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    stop = Stop(text="stopped", rule="stop", tool="bash", count=3, limit=3)
+    assert not log.seen("agent-1", "stop")
+    for _ in range(3):
+        side = relay.ResponseSide(kind="json", cfg=cfg, judge=None, actions=[stop])
+        relay.record(side, stats, log, "agent-1", body, {})
+    assert log.seen("agent-1", "stop")
+    assert not log.seen("agent-2", "stop")
+    assert scans == [len(body)]
+    assert [i.kind for i in stats.incidents] == ["stop"]
