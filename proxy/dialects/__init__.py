@@ -18,7 +18,6 @@ Chat and Responses read tool calls written as text in assistant messages
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -56,14 +55,28 @@ class Dialect(Protocol):
 REGISTRY: tuple[Dialect, ...] = (openai_chat, openai_responses, anthropic_messages, gemini)  # type: ignore[assignment]
 
 
-@functools.lru_cache(maxsize=256)
+#: ``for_path``'s memo: (the registry it was made for, path → dialect); at most
+#: :data:`_PATHS_KEPT` paths (an agent sends a handful; every request asks two or three times).
+_BY_PATH: tuple[tuple[Dialect, ...], dict[str, Dialect | None]] = ((), {})
+_PATHS_KEPT = 256
+
+
 def for_path(path: str) -> Dialect | None:
     """The dialect for a request path (``/v1/responses``, ``/openai/v1/chat/completions``,
     ``/v1/messages``, ``/v1beta/models/gemini-2.5-pro:streamGenerateContent``, …; aiohttp's
-    ``request.path``, without the query), or None for passthrough. Memoized (256 paths): an
-    agent sends a handful of paths, and every request asks two or three times."""
-    for dialect in REGISTRY:
+    ``request.path``, without the query), or None for passthrough. Memoized per path (for the
+    :data:`REGISTRY` of the moment)."""
+    global _BY_PATH
+    registry, memo = _BY_PATH
+    if registry is not REGISTRY or len(memo) >= _PATHS_KEPT:
+        registry, memo = _BY_PATH = (REGISTRY, {})
+    if path in memo:
+        return memo[path]
+    found = None
+    for dialect in registry:
         matches = getattr(dialect, "matches", None)
         if matches(path) if matches is not None else path.endswith(dialect.PATH_SUFFIX):
-            return dialect
-    return None
+            found = dialect
+            break
+    memo[path] = found
+    return found
