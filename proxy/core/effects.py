@@ -243,7 +243,7 @@ class EffectRule:
     __slots__ = ("_changing", "_memo", "_programs", "_read_only", "config")
 
     #: Bounds of the verdicts' memo (entries; bytes by :func:`proxy.core.memo.verdict_bytes`).
-    MEMO_ENTRIES = 1024
+    MEMO_ENTRIES = 2048
     MEMO_BYTES = 1024 * 1024
 
     def __init__(
