@@ -5,11 +5,13 @@ request), least recently used dropped first.
 A memo only, never a decision input: what it returns is what the function returns. Its bound is
 what the process keeps: a memo bounded by entries alone keeps whatever those entries hold, and an
 agent's arguments strings and results can be any length (a file written whole, a patch), so every
-memo here is bounded by bytes too. An entry's bytes are charged by the memo's ``size``
+memo built on this one is bounded by bytes too. An entry's bytes are charged by the memo's ``size``
 function (:func:`call_bytes`, :func:`verdict_bytes`, :func:`text_bytes`): a fixed
 :data:`ENTRY_BYTES` for the memo's own slot and the key's container plus the characters of the
-strings the entry keeps alive, measured with ``tracemalloc`` on the bench's memory workload
-(``bench/workloads.memory_body``).
+strings the entry keeps alive. Measured with ``tracemalloc`` on 2,048 calls of the bench's
+memory workload (``bench/workloads.memory_body``, arguments of 63 characters): a guard's
+(tool, target) memo holds 783 KB counting its key strings and is charged 674 KB; the effect
+verdicts hold 523 KB and are charged 546 KB.
 """
 
 from __future__ import annotations
