@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.core import canonical
+from proxy.core import agents, canonical
 from proxy.core.canonical import canonical_arguments, parse_arguments
 from proxy.core.effects import EffectRule
 from proxy.core.failures import FailureRule, RejectionRule
@@ -139,3 +139,18 @@ def test_normalize_is_memoized_within_its_bytes() -> None:
     per_entry = ENTRY_BYTES + 12_007 + 10_005
     assert len(monologue._normalized) == 2 * MiB // per_entry == 94
     monologue._normalized.clear()
+
+
+def test_a_patch_run_through_a_shell_is_memoized_within_its_bytes() -> None:
+    agents._patches.clear()
+    body = "*** Begin Patch\n*** Update File: a.py\n" + "+x\n" * 5000 + "*** End Patch"
+    scripts = [f"cd d{i:03d} && apply_patch <<'EOF'\n{body}\nEOF" for i in range(300)]
+    for script in scripts:
+        assert agents._heredoc_patch(script) == body
+    assert agents._heredoc_patch("echo apply_patch") is None  # no patch: kept as ""
+    assert agents._patches.get("echo apply_patch") == ""
+    assert (1024, 2 * MiB) == (agents.PATCH_MEMO_ENTRIES, agents.PATCH_MEMO_BYTES)
+    per_entry = ENTRY_BYTES + len(scripts[0]) + len(body)
+    assert (len(scripts[0]), len(body)) == (15086, 15051)
+    assert len(agents._patches) == (2 * MiB - (ENTRY_BYTES + 16)) // per_entry + 1 == 70
+    agents._patches.clear()
