@@ -157,7 +157,7 @@ class PrefixCacheConfig:
 
     __pydantic_config__ = SECTION
 
-    max_bytes_mb: Annotated[Float, Bound(ge=0, message="must be a number >= 0 (0 = off)")] = 32.0
+    max_bytes_mb: Annotated[Float, Bound(ge=0, message="must be a number >= 0 (0 = off)")] = 24.0
     """MiB kept over all conversations (an entry counts its history's JSON bytes plus an estimate
     of its parse state); least recently used dropped first. 0 = off."""
 

@@ -42,8 +42,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any, Literal
+
+from proxy.core.memo import ENTRY_BYTES, Memo
 
 Kind = Literal["read", "search", "mutate", "execute", "wait", "plan", "delegate", "ask"]
 KINDS: tuple[Kind, ...] = ("read", "search", "mutate", "execute", "wait", "plan", "delegate", "ask")
@@ -376,10 +378,23 @@ def _patch_text(text: str) -> str | None:
     return text if text.lstrip().startswith(_BEGIN_PATCH) else None
 
 
-@lru_cache(maxsize=1024)  # an agent's old calls come back on every request
+#: Bounds of the memo of :func:`_heredoc_patch` (an agent's old calls come back on every request):
+#: entries, and bytes (:data:`proxy.core.memo.ENTRY_BYTES` plus the script and its patch; a patch
+#: can be a whole file).
+PATCH_MEMO_ENTRIES = 1024
+PATCH_MEMO_BYTES = 2 * 1024 * 1024
+#: script -> its patch, "" when it runs none
+_patches: Memo[str, str] = Memo(
+    PATCH_MEMO_ENTRIES, PATCH_MEMO_BYTES, lambda script, patch: ENTRY_BYTES + len(script) + len(patch)
+)
+
+
 def _heredoc_patch(script: str) -> str | None:
-    m = _HEREDOC.match(script)
-    return _patch_text(m.group("body")) if m is not None else None
+    found = _patches.get(script)
+    if found is None:
+        m = _HEREDOC.match(script)
+        found = _patches.put(script, (_patch_text(m.group("body")) if m is not None else None) or "")
+    return found or None
 
 
 def _script_patch(value: Any) -> str | None:

@@ -35,7 +35,6 @@ Pure; never raises on odd arguments.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from proxy.core import agents
 from proxy.core.canonical import canonical_arguments
 from proxy.core.episodes import ContinuationRule, EpisodeCounter, episodes
 from proxy.core.failures import FailureRule, RejectionRule, cancelled
+from proxy.core.memo import Memo, verdict_bytes
 from proxy.core.patterns import NamePatterns
 from proxy.core.progress import DEFAULT_MASKS, Masks, compile_masks, same_result
 from proxy.core.targets import COMMAND_ARGS, own_command, subcommand
@@ -242,7 +242,9 @@ class EffectRule:
 
     __slots__ = ("_changing", "_memo", "_programs", "_read_only", "config")
 
-    MEMO_ENTRIES = 8192
+    #: Bounds of the verdicts' memo (entries; bytes by :func:`proxy.core.memo.verdict_bytes`).
+    MEMO_ENTRIES = 2048
+    MEMO_BYTES = 1024 * 1024
 
     def __init__(
         self,
@@ -254,7 +256,7 @@ class EffectRule:
         self._read_only = NamePatterns(self.config[0])
         self._changing = NamePatterns(self.config[1])
         self._programs = frozenset(self.config[2])
-        self._memo: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._memo: Memo[tuple[str, str], bool] = Memo(self.MEMO_ENTRIES, self.MEMO_BYTES, verdict_bytes)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, EffectRule) and other.config == self.config
@@ -292,9 +294,7 @@ class EffectRule:
         key = (call.name, raw)
         verdict = self._memo.get(key)
         if verdict is None:
-            verdict = self._memo[key] = self.may_change(call.name, call.arguments)
-            if len(self._memo) > self.MEMO_ENTRIES:
-                self._memo.popitem(last=False)
+            verdict = self._memo.put(key, self.may_change(call.name, call.arguments))
         return verdict
 
 

@@ -51,7 +51,6 @@ Pure; never raises on any input.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import orjson
@@ -59,6 +58,7 @@ import orjson
 from proxy.config.checks import compile_failure_pattern
 from proxy.config.defaults import DEFAULT_FAILURE_PATTERNS
 from proxy.core import agents
+from proxy.core.memo import Memo, text_bytes
 from proxy.core.transcript import ToolResult
 
 #: How many lines at each end of a result the patterns see.
@@ -189,15 +189,17 @@ class FailureRule:
     __slots__ = ("_any", "_compiled", "_memo", "patterns")
 
     #: Verdicts remembered per text (a conversation's old results come back on every request):
-    #: texts up to MEMO_MAX_CHARS, at most MEMO_ENTRIES of them (oldest dropped), ≤ 32 MiB.
+    #: texts up to MEMO_MAX_CHARS, at most MEMO_ENTRIES of them and MEMO_BYTES charged by
+    #: :func:`proxy.core.memo.text_bytes` (least recently used dropped).
     MEMO_MAX_CHARS = 16 * 1024
     MEMO_ENTRIES = 2048
+    MEMO_BYTES = 2 * 1024 * 1024
 
     def __init__(self, patterns: Sequence[str] = DEFAULT_FAILURE_PATTERNS) -> None:
         self.patterns = tuple(patterns)
         self._compiled = tuple(compile_pattern(p) for p in self.patterns)
         self._any: re.Pattern[str] | None = None  # all patterns in one scan, when they combine
-        self._memo: OrderedDict[str, bool] = OrderedDict()
+        self._memo: Memo[str, bool] = Memo(self.MEMO_ENTRIES, self.MEMO_BYTES, text_bytes)
         if self.patterns and not any(_BACKREF.search(p) for p in self.patterns):
             try:
                 self._any = re.compile("|".join(f"(?:{p})" for p in self.patterns), re.MULTILINE)
@@ -209,14 +211,9 @@ class FailureRule:
         memoized for texts up to :attr:`MEMO_MAX_CHARS`)."""
         if len(text) > self.MEMO_MAX_CHARS:
             return self._failed_text(text)
-        memo = self._memo
-        verdict = memo.get(text)
+        verdict = self._memo.get(text)
         if verdict is None:
-            verdict = memo[text] = self._failed_text(text)
-            if len(memo) > self.MEMO_ENTRIES:
-                memo.popitem(last=False)
-        else:
-            memo.move_to_end(text)
+            verdict = self._memo.put(text, self._failed_text(text))
         return verdict
 
     def _failed_text(self, text: str) -> bool:
@@ -261,17 +258,19 @@ class RejectionRule:
     """``RejectionRule(patterns)(result) -> bool``: the result says the user rejected the call —
     one of ``patterns`` (``guards.repeated_failure.rejection_patterns``, compiled as
     :func:`compile_pattern` does) is found in the result's edges (:func:`edge_text`). Verdicts are
-    memoized per text (texts up to :attr:`MEMO_MAX_CHARS`, at most :attr:`MEMO_ENTRIES`)."""
+    memoized per text (texts up to :attr:`MEMO_MAX_CHARS`, at most :attr:`MEMO_ENTRIES` and
+    :attr:`MEMO_BYTES` charged by :func:`proxy.core.memo.text_bytes`)."""
 
     __slots__ = ("_compiled", "_memo", "patterns")
 
     MEMO_MAX_CHARS = 16 * 1024
     MEMO_ENTRIES = 4096
+    MEMO_BYTES = 2 * 1024 * 1024
 
     def __init__(self, patterns: Sequence[str] = ()) -> None:
         self.patterns = tuple(patterns)
         self._compiled = tuple(compile_pattern(p) for p in self.patterns)
-        self._memo: OrderedDict[str, bool] = OrderedDict()
+        self._memo: Memo[str, bool] = Memo(self.MEMO_ENTRIES, self.MEMO_BYTES, text_bytes)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RejectionRule) and other.patterns == self.patterns
@@ -287,9 +286,7 @@ class RejectionRule:
             return self._search(text)
         verdict = self._memo.get(text)
         if verdict is None:
-            verdict = self._memo[text] = self._search(text)
-            if len(self._memo) > self.MEMO_ENTRIES:
-                self._memo.popitem(last=False)
+            verdict = self._memo.put(text, self._search(text))
         return verdict
 
     def _search(self, text: str) -> bool:

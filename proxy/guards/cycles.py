@@ -34,13 +34,14 @@ from proxy.core.actions import Action, Delivery, Withhold
 from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EpochCounter, Situations
 from proxy.core.episodes import EpisodeCounter
+from proxy.core.memo import Memo
 from proxy.core.progress import same_result
 from proxy.core.targets import TargetRule, path_key, subcommand
 from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
-from proxy.guards.turns import known, memoized, remind_after_step
+from proxy.guards.turns import call_memo, known, memoized, remind_after_step
 
 RULE = "cycles"
 STEP_PREVIEW_CHARS = 120
@@ -84,7 +85,7 @@ class Cycles:
         self._cfg = cfg
         self._delivery = delivery
         self._situations = situations or Situations()
-        self._memo: dict[tuple[str, str], tuple[str, str]] = {}
+        self._memo: Memo[tuple[str, str], tuple[str, str]] = call_memo()
         self._targets = targets or TargetRule()
 
     def identity(self, call: ToolCall) -> tuple[str, str]:

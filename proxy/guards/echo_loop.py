@@ -25,12 +25,13 @@ from proxy.core.actions import Action, Delivery
 from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import Situations
 from proxy.core.episodes import EpisodeCounter
+from proxy.core.memo import Memo
 from proxy.core.progress import mask
 from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
-from proxy.guards.turns import known, memoized, remind_after_step
+from proxy.guards.turns import call_memo, known, memoized, remind_after_step
 
 RULE = "echo_loop"
 PREVIEW_CHARS = 300
@@ -78,7 +79,7 @@ class EchoLoop:
         self._cfg = cfg
         self._delivery = delivery
         self._masks = self._situations.masks
-        self._memo: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {}
+        self._memo: Memo[tuple[str, str], tuple[str, str, frozenset[str]]] = call_memo()
 
     def shape(self, call: ToolCall) -> tuple[str, str, frozenset[str]]:
         """Exact canonical arguments, template, literals of ``call`` (memoized per tool and

@@ -52,12 +52,13 @@ from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EditLedger, Situations
 from proxy.core.episodes import EpisodeCounter
 from proxy.core.failures import cancelled
+from proxy.core.memo import Memo
 from proxy.core.progress import Masks, same_result
 from proxy.core.targets import TargetRule, call_on
 from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
-from proxy.guards.turns import known, memoized
+from proxy.guards.turns import call_memo, known, memoized
 
 RULE = "escalation"
 #: How alike (difflib ratio) a pending call's arguments must be to the last stale call's.
@@ -111,7 +112,7 @@ class Escalation:
         self._cfg = cfg
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
-        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._memo: Memo[tuple[str, str], tuple[str, str | None]] = call_memo()
 
     @property
     def config(self) -> EscalationConfig:

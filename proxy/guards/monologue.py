@@ -30,13 +30,13 @@ do not reset, because harnesses answer a reply they dislike with a user message)
 from __future__ import annotations
 
 import bisect
-import functools
 import re
 from collections.abc import Sequence
 
 from proxy.config import MonologueConfig
 from proxy.core.actions import Action, Delivery, Remind
 from proxy.core.effects import Situations
+from proxy.core.memo import ENTRY_BYTES, Memo
 from proxy.core.progress import same_result
 from proxy.core.transcript import Said, Step, Transcript
 from proxy.guards.repeat_reminder import preview
@@ -61,11 +61,22 @@ SAME_ANSWER = (
 _SPACE = re.compile(r"\s+")
 
 
-@functools.lru_cache(maxsize=4096)
+#: Bounds of :func:`normalize`'s memo: entries, and bytes (:data:`proxy.core.memo.ENTRY_BYTES`
+#: plus the text twice: the key and its normalized copy).
+NORMALIZE_ENTRIES = 4096
+NORMALIZE_BYTES = 2 * 1024 * 1024
+_normalized: Memo[str, str] = Memo(
+    NORMALIZE_ENTRIES, NORMALIZE_BYTES, lambda text, value: ENTRY_BYTES + len(text) + len(value)
+)
+
+
 def normalize(text: str) -> str:
     """``text`` with runs of whitespace made one space, trimmed (memoized: a conversation's old
     messages come back on every request)."""
-    return _SPACE.sub(" ", text).strip()
+    found = _normalized.get(text)
+    if found is None:
+        found = _normalized.put(text, _SPACE.sub(" ", text).strip())
+    return found
 
 
 class Monologue:

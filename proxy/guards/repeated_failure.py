@@ -40,12 +40,13 @@ from proxy.core.failures import (
     compile_pattern,
     edge_text,
 )
+from proxy.core.memo import Memo
 from proxy.core.progress import RepeatJudge
 from proxy.core.targets import TargetRule, call_on
 from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
-from proxy.guards.turns import memoized, remind_after_step
+from proxy.guards.turns import call_memo, memoized, remind_after_step
 
 RULE = "repeated_failure"
 ARGUMENTS_PREVIEW_CHARS = 300
@@ -96,7 +97,7 @@ class RepeatedFailure:
         situations: Situations | None = None,
     ) -> None:
         self._situations = situations or Situations()
-        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._memo: Memo[tuple[str, str], tuple[str, str | None]] = call_memo()
         self._cfg = cfg
         self._delivery = delivery
         self._targets = targets or TargetRule()

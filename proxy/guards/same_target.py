@@ -43,13 +43,14 @@ from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EditLedger, EpochCounter, Situations
 from proxy.core.episodes import EpisodeCounter
 from proxy.core.failures import cancelled
+from proxy.core.memo import Memo
 from proxy.core.progress import same_result
 from proxy.core.targets import TargetRule, call_on
 from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
-from proxy.guards.turns import known, memoized, remind_after_step
+from proxy.guards.turns import call_memo, known, memoized, remind_after_step
 
 RULE = "same_target"
 PREVIEW_CHARS = 300
@@ -98,7 +99,7 @@ class SameTarget:
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
         self._thresholds = frozenset(cfg.thresholds)
-        self._memo: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._memo: Memo[tuple[str, str], tuple[str, str | None]] = call_memo()
 
     def begin(self) -> SameTargetState:
         """The state before any call (:mod:`proxy.guards.resume`)."""

@@ -426,7 +426,7 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     # kept (proxy.request.plain): the second misses, the three after it resume
     assert snapshot["nothing_to_guard"] == 1
     assert (kept["hits"], kept["misses"], kept["evictions"], kept["entries"]) == (3, 1, 0, 1)
-    assert kept["max_bytes"] == 32 * 1024 * 1024
+    assert kept["max_bytes"] == 24 * 1024 * 1024
     # the last history from its "[" through its last message ("]}" after it), 2 KB per call and
     # 384 bytes per message (twice the bytes: the decoded texts), the checkpoint, and the edits
     # the last request made before its last step: one reminder (its bytes, one edit, one action)
