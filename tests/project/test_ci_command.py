@@ -44,4 +44,4 @@ def test_every_tool_a_test_skips_without_is_installed_by_the_ci_script() -> None
     for path in (ROOT / "tests").rglob("*.py"):  # every test folder and tests/helpers
         wanted |= set(re.findall(r'shutil\.which\("([\w.-]+)"\)', path.read_text()))
     installed = set(re.findall(r"\|\| missing\+=\(([\w.-]+)\)", CI))
-    assert wanted - NOT_INSTALLED == installed == {"redis-server", "strace"}
+    assert wanted - NOT_INSTALLED == installed == {"redis-server", "strace", "valgrind"}
