@@ -82,8 +82,20 @@ class CircuitBreakerConfig:
     the last `window` executed calls (need not be consecutive)."""
     window: AtLeast1 = 200
     """How many of the most recent executed (not denied) calls the count looks at; >= duplicate_limit."""
-    max_calls_per_agent: Annotated[Int, Bound(ge=0, note="0 = no cap")] = 300
-    """Lifetime cap per conversation: once this many calls have run, every later call is denied."""
+    max_calls_per_agent: Annotated[Int, Bound(ge=0, note="0 = no cap")] = 0
+    """Volume cap per scope: once this many calls have run, every later call is denied. 0 = off
+    (the default: a healthy agent makes hundreds of calls on one request; the waste cap below
+    tells a runaway from it)."""
+    scope: Literal["episode", "conversation"] = "episode"
+    """What the duplicate window, the volume cap and the waste cap count over. episode: the calls
+    since the user's last new request (a continuation, a compaction summary or a harness's reply
+    is none: progress.continuation_patterns); conversation: every call of the conversation, user
+    messages never reset them (the seed)."""
+    waste_window: Annotated[Int, Bound(ge=2, off=True)] = 100
+    """The waste cap looks at this many of the scope's most recent executed calls. 0 = no waste cap."""
+    waste_limit: AtLeast1 = 95
+    """The waste cap trips when at least this many of the last `waste_window` calls brought nothing
+    new (a result the scope had already got from the same tool, and no change); <= waste_window."""
     exempt: tuple[Str, ...] = DEFAULT_EXEMPT
     """Tool-name patterns never counted, never denied."""
     only: tuple[Str, ...] = ()
@@ -91,7 +103,7 @@ class CircuitBreakerConfig:
     ignore_args: tuple[Str, ...] = DEFAULT_IGNORE_ARGS
     """Top-level argument keys dropped before comparing calls ([] compares every argument)."""
     deny_message: Str = ""
-    """The denial text, a template with {tool}, {count}, {limit}, {kind} (duplicate | cap);
+    """The denial text, a template with {tool}, {count}, {limit}, {kind} (duplicate | cap | waste);
     "" = the built-in text for each kind (proxy.guards.circuit_breaker)."""
     incident_log: Str = ""
     """JSONL file getting one line per conversation for the first denial of each kind; "" = off."""
@@ -107,6 +119,10 @@ class CircuitBreakerConfig:
         if self.window >= 1:
             yield from checks.at_least_other(
                 self.window, self.duplicate_limit, "duplicate_limit", f"{path}.window"
+            )
+        if self.waste_window and self.waste_limit > self.waste_window:
+            yield ConfigError(
+                f"{path}.waste_limit", f"must be <= waste_window ({self.waste_window}), got {self.waste_limit}"
             )
         yield from checks.template(self.deny_message, DENY_PLACEHOLDERS, f"{path}.deny_message")
 

@@ -29,12 +29,13 @@ class StopConfig:
     """Stop when the answer has a call the guards would deny and the turn already has this many
     withheld results. 0 = off."""
     on_cap: Bool = True
-    """Also stop when a call would pass guards.circuit_breaker.max_calls_per_agent."""
+    """Also stop when a call would pass guards.circuit_breaker.max_calls_per_agent (the volume cap)
+    or its waste cap (waste_window, waste_limit)."""
     message: Str = ""
-    """The text, a template with {tool}, {count}, {limit}, {kind} (denials | cap | monologue |
+    """The text, a template with {tool}, {count}, {limit}, {kind} (denials | cap | waste | monologue |
     escalation), {denials}; "" = the built-in text for each kind."""
     mode: Mode = "enforce"
-    """enforce | observe: every stop (denials, cap, monologue, escalation)."""
+    """enforce | observe: every stop (denials, cap, waste, monologue, escalation)."""
 
     def check(self, path: str) -> Iterator[ConfigError]:
         yield from checks.template(self.message, STOP_PLACEHOLDERS, f"{path}.message")

@@ -1,22 +1,36 @@
-"""circuit_breaker: withhold the results of windowed duplicate calls and past a lifetime cap
-(DESIGN §6.2).
+"""circuit_breaker: withhold the results of windowed duplicate calls, past a volume cap, and of
+calls that bring nothing new in a runaway (DESIGN §6.2, §2.2).
 
-Seed: dsh-circuit-breaker (duplicate limit 6 in a window of 200, cap 300 calls per agent).
+Seed: dsh-circuit-breaker (duplicate limit 6 in a window of 200, cap 300 calls per agent, over the
+whole conversation: ``config/profiles/dsh-circuit-breaker.yaml`` keeps exactly that).
 
 Rules:
 - Guarded calls: those matching ``only`` when it is set (it overrides ``exempt``), else every call
   not matching ``exempt``. Unguarded calls are invisible: they never count, never fill the window.
+- ``scope``: what every count below runs over. ``episode`` (the default): the calls since the
+  user's last new request (:mod:`proxy.core.episodes`: a continuation, a compaction summary or a
+  harness's format-error reply is none); at every new request the duplicate window, the counts,
+  the volume cap and the waste window start afresh, so a routine ``git status --short`` run after
+  each of a hundred "commit and continue" prompts is never a duplicate. ``conversation``: over the
+  whole conversation, user messages never reset anything (the seed).
 - Guarded calls are replayed in conversation order (parallel calls of one step in listed order).
   A call is denied
-  - ``cap``: when ``max_calls_per_agent`` (> 0) executed calls precede it in the conversation
-    (user messages do not reset this);
+  - ``cap``: when ``max_calls_per_agent`` (> 0) executed calls precede it in the scope;
   - ``duplicate``: when ``duplicate_limit`` calls with its canonical key (DESIGN §5, with
-    ``ignore_args`` dropped) are already among the last ``window`` executed calls.
-  The cap is checked first, so once it is reached every later denial is of kind ``cap``.
+    ``ignore_args`` dropped) are already among the last ``window`` executed calls;
+  - ``waste``: when it brings nothing new and, with it, at least ``waste_limit`` of the scope's
+    last ``waste_window`` calls brought nothing new (the waste cap: a runaway is told by what its
+    calls bring, not by how many there are). A call brings nothing new when its result (masked,
+    :mod:`proxy.core.progress`; with its error flag) is one the scope already got from the same tool,
+    whatever the arguments, with nothing in between that changed the situation, and the call
+    itself changed nothing (:mod:`proxy.core.effects`; a novel successful edit or command is new).
+    A call whose result is not known (the response side's look-ahead) is denied when the scope's
+    last calls already reached the limit. Waits (:mod:`proxy.core.waits`) never enter the window.
+  Checked in that order (cap, duplicate, waste): a denial has one kind.
 - ``progress_aware``: a call whose key was seen before counts as a duplicate only when
   its result equals the previous result for that key after masking volatile spans
   (:mod:`proxy.core.progress`); a new result is progress: the call runs and is not counted (it does not
-  enter the duplicate count; it still counts towards the lifetime cap). A call whose result has not
+  enter the duplicate count; it still counts towards the volume cap). A call whose result has not
   arrived is judged by the previous pair. So only results identical to one the model already has
   are ever withheld as duplicates. A repeat counts only when nothing between it and the previous
   call with its key changed the situation (:mod:`proxy.core.effects`): a routine call repeated
@@ -28,37 +42,44 @@ Rules:
 - ``ignore_args`` are dropped only while the call keeps another argument (a ``think`` tool whose
   one argument is ``thought`` is compared by it); ``ignore_sole_args`` drops them even then (the
   seed).
-- Denied calls do not enter the window and do not count as executed. Every other guarded call is
-  executed, *whether or not its result is in the request yet*: verdicts depend only on the sequence
-  of calls, so a result arriving on a later request never changes the verdict of any call.
+- Denied calls do not enter the duplicate window and do not count as executed (they do enter the
+  waste window: what they got was nothing new). Every other guarded call is executed, *whether or
+  not its result is in the request yet*: verdicts depend only on the sequence of calls, so a
+  result arriving on a later request never changes the verdict of any call.
 - A denial becomes a :class:`~proxy.core.actions.Withhold` of the call's tool result. A denied call whose
   result has not arrived yet gets no action (there is nothing to replace); it still stays out of
   the window.
 - Evidence: ``count`` is the call's ordinal among the calls the rule compares, denied ones
-  included (``duplicate``: guarded calls with the same key so far; ``cap``: all guarded calls so
-  far); ``limit`` is ``duplicate_limit`` or ``max_calls_per_agent``; ``reason`` is the kind.
+  included (``duplicate``: guarded calls with the same key in the scope so far; ``cap``: guarded
+  calls in the scope so far; ``waste``: the calls among the last ``waste_window`` that brought
+  nothing new); ``limit`` is ``duplicate_limit``, ``max_calls_per_agent`` or ``waste_window``;
+  ``reason`` is the kind.
 - Text: ``deny_message`` rendered with ``{tool}``, ``{count}``, ``{limit}``, ``{kind}``; when it is
-  empty, :data:`DUPLICATE_TEXT` or :data:`CAP_TEXT`. The texts never claim the call did not run
-  (the agent did run it: only its result is withheld from the model).
+  empty, :data:`DUPLICATE_TEXT`, :data:`CAP_TEXT` (:data:`EPISODE_CAP_TEXT` in episode scope) or
+  :data:`WASTE_TEXT`. The texts never claim the call did not run (the agent did run it: only its
+  result is withheld from the model).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, deque
 
 from proxy.config import CircuitBreakerConfig
 from proxy.core.actions import Action, Withhold
 from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EpochCounter, Situations
+from proxy.core.episodes import EpisodeCounter
 from proxy.core.patterns import NamePatterns
-from proxy.core.progress import RepeatJudge, same_result
-from proxy.core.transcript import ToolResult, Transcript
+from proxy.core.progress import RepeatJudge, mask, same_result
+from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
 CAP = "cap"
+WASTE = "waste"
 #: How many of a key's different results a new one is compared with (``progress_aware``).
 NOVEL_AMONG = 8
 
@@ -73,6 +94,19 @@ CAP_TEXT = (
     "[loopguard] The result of this call is withheld: this conversation has reached its limit of "
     "{limit} tool calls (this was call {count}). Stop calling tools: tell the user what you have "
     "done and found so far, what is left, and what you need from them."
+)
+
+EPISODE_CAP_TEXT = (
+    "[loopguard] The result of this call is withheld: you have reached the limit of {limit} tool "
+    "calls for the user's last request (this was call {count}). Stop calling tools: tell the user "
+    "what you have done and found so far, what is left, and what you need from them."
+)
+
+WASTE_TEXT = (
+    "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
+    "and neither did {count} of your last {limit} tool calls (the same results again, with nothing "
+    "changed in between). You are going round in circles. Stop calling tools: tell the user what you "
+    "have found, what is blocking you, and what you need from them."
 )
 
 
@@ -91,7 +125,8 @@ class CircuitBreaker:
         self._ignore = frozenset(cfg.ignore_args)
         self._texts = {
             DUPLICATE: cfg.deny_message or DUPLICATE_TEXT,
-            CAP: cfg.deny_message or CAP_TEXT,
+            CAP: cfg.deny_message or (EPISODE_CAP_TEXT if cfg.scope == "episode" else CAP_TEXT),
+            WASTE: cfg.deny_message or WASTE_TEXT,
         }
 
     def guarded(self, name: str) -> bool:
@@ -101,9 +136,17 @@ class CircuitBreaker:
 
     def begin(self) -> BreakerState:
         """The state before any call (:mod:`proxy.guards.resume`)."""
-        epochs = self._situations.epoch_counter() if self._cfg.progress_aware else None
-        judge = RepeatJudge(self._situations.masks, epochs) if epochs is not None else None
-        return BreakerState(judge, epochs)
+        cfg = self._cfg
+        epochs = self._situations.epoch_counter() if cfg.progress_aware or cfg.waste_window else None
+        judge = RepeatJudge(self._situations.masks, epochs) if cfg.progress_aware else None
+        episodes = self._situations.episode_counter() if cfg.scope == "episode" else None
+        return BreakerState(judge, epochs, episodes)
+
+    def _result_id(self, call_name: str, result: ToolResult) -> tuple[str, bool, bytes]:
+        """What a result is, for the waste cap: the tool, the error flag and a digest of the
+        masked text (a digest, not Python's ``hash``: verdicts must not depend on the process)."""
+        text = mask(result.text, self._situations.masks)
+        return call_name, result.is_error, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         return self.advance(self.begin(), transcript, ctx, transcript.message_count)
@@ -113,17 +156,20 @@ class CircuitBreaker:
         (:mod:`proxy.guards.resume`); the withholds decided for them."""
         cfg = self._cfg
         cap = cfg.max_calls_per_agent
+        waste_window, waste_limit = cfg.waste_window, cfg.waste_limit
         keep_sole = not cfg.ignore_sole_args
         masks = self._situations.masks
         s = state
-        judge, in_window, seen, distinct = s.judge, s.in_window, s.seen, s.distinct
+        judge = s.judge
         actions: list[Action] = []
         calls = transcript.calls
         for call in unread(s, calls, upto):
             if not self.guarded(call.name):  # unguarded calls are ignored entirely: no situation
                 continue
+            if s.episodes is not None and s.episodes.of(transcript, call.position) != s.episode:
+                s.new_scope(s.episodes.k)  # a new request from the user: every count starts afresh
             if is_wait(call):  # waiting is not looping (proxy.core.waits): never counted nor denied,
-                if judge is not None and s.epochs is not None:  # but time passed
+                if s.epochs is not None:  # but time passed
                     s.epochs.add(call)
                     s.guarded += 1
                 continue
@@ -133,32 +179,39 @@ class CircuitBreaker:
             )
             index = s.guarded
             s.guarded += 1
-            if judge is not None and s.epochs is not None:
+            s.in_scope += 1
+            if s.epochs is not None:
                 s.epochs.add(call)
             # progress: the key was seen before, but the result is new or the situation changed
             # in between (a first call never is)
-            progress = judge is not None and not judge.repeats(key, call.result, index) and key in seen
-            if judge is not None and call.result is not None and not call.result.pending:
-                kept = distinct.get(key, ())
+            progress = judge is not None and not judge.repeats(key, call.result, index) and key in s.seen
+            known = call.result is not None and not call.result.pending
+            if judge is not None and known:
+                assert call.result is not None
+                kept = s.distinct.get(key, ())
                 if not any(same_result(r, call.result, masks) for r in kept):
-                    distinct[key] = (*kept, call.result)[-NOVEL_AMONG:]
-                    if progress and in_window[key]:  # a result never seen: the count starts again
+                    s.distinct[key] = (*kept, call.result)[-NOVEL_AMONG:]
+                    if progress and s.in_window[key]:  # a result never seen: the count starts again
                         s.window = deque(None if k == key else k for k in s.window)
-                        in_window[key] = 0
+                        s.in_window[key] = 0
             if not progress:
-                seen[key] += 1
+                s.seen[key] += 1
+            wasted = self._waste(s, call, index) if waste_window else None
             if cap and s.executed >= cap:
-                kind, count, limit = CAP, s.guarded, cap
-            elif not progress and in_window[key] >= cfg.duplicate_limit:
-                kind, count, limit = DUPLICATE, seen[key], cfg.duplicate_limit
+                kind, count, limit = CAP, s.in_scope, cap
+            elif not progress and s.in_window[key] >= cfg.duplicate_limit:
+                kind, count, limit = DUPLICATE, s.seen[key], cfg.duplicate_limit
+            elif waste_window and wasted is not False and s.wasted >= waste_limit:
+                # wasted None: a result not known yet, after calls that reached the limit
+                kind, count, limit = WASTE, s.wasted, waste_window
             else:
                 s.executed += 1
                 window = s.window
                 window.append(None if progress else key)  # a progress call takes a slot, uncounted
                 if not progress:
-                    in_window[key] += 1
+                    s.in_window[key] += 1
                 if len(window) > cfg.window and (old := window.popleft()) is not None:
-                    in_window[old] -= 1
+                    s.in_window[old] -= 1
                 continue
             if call.result is None:
                 continue
@@ -178,45 +231,104 @@ class CircuitBreaker:
             )
         return actions
 
+    def _waste(self, s: BreakerState, call: ToolCall, index: int) -> bool | None:
+        """Whether ``call`` (guarded, not a wait, the ``index``-th added to ``s.epochs``) brought
+        nothing new, entered into the waste window; None (and not entered) when its result is not
+        known."""
+        result = call.result
+        if result is None or result.pending:
+            return None
+        assert s.epochs is not None
+        before, after = s.epochs.before[index], s.epochs.after[index]
+        rid = self._result_id(call.name, result)
+        last = s.results.get(rid)
+        # nothing new: the scope got this result from this tool before, nothing changed since,
+        # and this call changed nothing either
+        wasted = last is not None and last == before and after == before
+        if not s.own_results:
+            s.results, s.own_results = dict(s.results), True
+        s.results[rid] = after
+        s.waste.append(wasted)
+        s.wasted += wasted
+        if len(s.waste) > self._cfg.waste_window:
+            s.wasted -= s.waste.popleft()
+        return wasted
+
 
 class BreakerState:
     """What :class:`CircuitBreaker` has read: the next call (``next``, an index into
-    ``transcript.calls``), the guarded calls read (``guarded``) and those executed
-    (``executed``), the ``window`` of executed keys (None: a progress call's slot) with their
-    counts (``in_window``), the non-progress calls per key (``seen``), each key's last different
-    results (``distinct``, at most :data:`NOVEL_AMONG`, oldest first; tuples, so a copy shares
-    them) and, progress-aware, the judge with its situation counter. Mutable; :meth:`copy` is
+    ``transcript.calls``), the guarded calls read (``guarded``, the index of the situation
+    counter), and of the current scope (``episode``, its number; the whole conversation in
+    conversation scope): its guarded calls (``in_scope``) and those executed (``executed``), the
+    ``window`` of executed keys (None: a progress call's slot) with their counts
+    (``in_window``), the non-progress calls per key (``seen``), each key's last different results
+    (``distinct``, at most :data:`NOVEL_AMONG`, oldest first; tuples, so a copy shares them), the
+    waste window (``waste``: per recent call, it brought nothing new; ``wasted`` how many did) and
+    per result got (tool, error flag, digest) the situation number after it was last got
+    (``results``; shared by copies until one changes it). Progress-aware, the judge; with either,
+    the situation counter; in episode scope, the episode counter. Mutable; :meth:`copy` is
     independent."""
 
     __slots__ = (
         "distinct",
+        "episode",
+        "episodes",
         "epochs",
         "executed",
         "guarded",
+        "in_scope",
         "in_window",
         "judge",
         "next",
+        "own_results",
+        "results",
         "seen",
+        "waste",
+        "wasted",
         "window",
     )
 
-    def __init__(self, judge: RepeatJudge | None, epochs: EpochCounter | None) -> None:
+    def __init__(
+        self, judge: RepeatJudge | None, epochs: EpochCounter | None, episodes: EpisodeCounter | None = None
+    ) -> None:
         self.judge = judge
         self.epochs = epochs
+        self.episodes = episodes
         self.next = 0
         self.guarded = 0
+        self._empty(0)
+
+    def new_scope(self, episode: int) -> None:
+        """Start the scope ``episode`` afresh: nothing counted in it yet, no earlier call to
+        compare with."""
+        self._empty(episode)
+        if self.judge is not None:
+            self.judge.forget()
+
+    def _empty(self, episode: int) -> None:
+        self.episode = episode
+        self.in_scope = 0
         self.executed = 0
         self.window: deque[tuple[str, str] | None] = deque()
         self.in_window: Counter[tuple[str, str]] = Counter()
         self.seen: Counter[tuple[str, str]] = Counter()
         self.distinct: dict[tuple[str, str], tuple[ToolResult, ...]] = {}
+        self.waste: deque[bool] = deque()
+        self.wasted = 0
+        self.results: dict[tuple[str, bool, bytes], int] = {}
+        self.own_results = True
 
     def copy(self) -> BreakerState:
         epochs = self.epochs.copy() if self.epochs is not None else None
-        out = BreakerState(self.judge.copy(epochs) if self.judge is not None else None, epochs)
+        episodes = self.episodes.copy() if self.episodes is not None else None
+        out = BreakerState(self.judge.copy(epochs) if self.judge is not None else None, epochs, episodes)
         out.next, out.guarded, out.executed = self.next, self.guarded, self.executed
+        out.episode, out.in_scope = self.episode, self.in_scope
         out.window = deque(self.window)
         out.in_window = Counter(self.in_window)
         out.seen = Counter(self.seen)
         out.distinct = dict(self.distinct)
+        out.waste, out.wasted = deque(self.waste), self.wasted
+        out.results, out.own_results = self.results, False
+        self.own_results = False  # shared from now on: either copies it before changing it
         return out

@@ -9,8 +9,8 @@
   The turn is stopped when
   - a call would be denied and the current turn (after the last user message) already has
     ``stop.after_ignored_denials`` withheld results in the request (kind ``denials``), or
-  - a call would be denied by the circuit breaker's lifetime cap and ``stop.on_cap`` is set
-    (kind ``cap``).
+  - a call would be denied by the circuit breaker's volume cap (kind ``cap``) or waste cap (kind
+    ``waste``: the episode's last calls brought nothing new) and ``stop.on_cap`` is set.
   - the response's text (with or without calls) would make ``guards.monologue.stop_at``
     assistant messages in a row with the same text (kind ``monologue``; the request-side rule's own
     count, :meth:`proxy.guards.monologue.Monologue.stop_count`, no guard run needed). A text-only
@@ -18,9 +18,10 @@
     (``StopJudge.on_text_only``); the stream guard then holds just that choice's finish chunk.
   A user message starts a new turn (no withheld results yet), so a stopped conversation the user
   continues is guarded afresh (a harness's format-error reply is not one: :func:`turn_start`);
-  the cap is never reset. The judge only runs the guards when one of the two can fire (enough
-  withheld results, or enough calls in the conversation to reach the cap), so most responses
-  cost nothing.
+  the caps count over the circuit breaker's ``scope`` (in episode scope a new request resets
+  them, in conversation scope nothing does). The judge only runs the guards when one of them can
+  fire (enough withheld results, or enough calls in the conversation to reach a cap), so most
+  responses cost nothing.
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
   ignored) that may change state (:meth:`proxy.core.effects.EffectRule.may_change`, the config's
@@ -60,7 +61,7 @@ from proxy.core.transcript import Step, ToolCall, ToolResult, Transcript
 from proxy.dialects import jsonbody, text_actions
 from proxy.dialects.openai_chat import content_text
 from proxy.guards import Context, Guard
-from proxy.guards.circuit_breaker import CAP
+from proxy.guards.circuit_breaker import CAP, WASTE
 from proxy.guards.circuit_breaker import RULE as BREAKER
 from proxy.guards.escalation import RULE as ESCALATION_RULE
 from proxy.guards.escalation import Escalation
@@ -84,6 +85,18 @@ CAP_TEXT = (
     "[loopguard] Stopped: this conversation reached loopguard's limit of {limit} tool calls (the "
     "model wanted to call {tool} again), so loopguard ended its turn here; that call was not run. "
     "Start a new conversation to continue."
+)
+#: The cap's text when the circuit breaker counts per episode (a new request resets the cap).
+EPISODE_CAP = "episode_cap"
+EPISODE_CAP_TEXT = (
+    "[loopguard] Stopped: the model reached loopguard's limit of {limit} tool calls for this request "
+    "(it wanted to call {tool} again), so loopguard ended its turn here; that call was not run. "
+    "Send a message to continue."
+)
+WASTE_TEXT = (
+    "[loopguard] Stopped: the model's tool calls stopped bringing anything new ({count} of its last "
+    "{limit} got results it already had, with nothing changed in between), so loopguard ended its "
+    "turn here; that last call was not run. Send a message to continue."
 )
 
 #: Fields of a message or delta that carry reasoning text (llama.cpp/DeepSeek, vLLM/OpenRouter).
@@ -110,7 +123,14 @@ MONOLOGUE_TEXT = (
 def stop_template(cfg: StopConfig, kind: str) -> str:
     if cfg.message:
         return cfg.message
-    return {CAP: CAP_TEXT, MONOLOGUE: MONOLOGUE_TEXT, ESCALATION: ESCALATION_TEXT}.get(kind, DENIALS_TEXT)
+    texts = {
+        CAP: CAP_TEXT,
+        EPISODE_CAP: EPISODE_CAP_TEXT,
+        WASTE: WASTE_TEXT,
+        MONOLOGUE: MONOLOGUE_TEXT,
+        ESCALATION: ESCALATION_TEXT,
+    }
+    return texts.get(kind, DENIALS_TEXT)
 
 
 def call_key(call: AssembledCall) -> tuple[str, str]:
@@ -184,6 +204,7 @@ class StopJudge:
     __slots__ = (
         "_after",
         "_cap",
+        "_cap_text",
         "_cfg",
         "_checkpoint",
         "_ctx",
@@ -191,6 +212,7 @@ class StopJudge:
         "_guards",
         "_monologue",
         "_transcript",
+        "_waste",
         "action_shapes",
         "on_text_only",
         "withheld",
@@ -223,6 +245,10 @@ class StopJudge:
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
         self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
+        self._cap_text = EPISODE_CAP if breaker.scope == "episode" else CAP
+        # the waste cap needs at least waste_limit calls in its scope before it can deny one
+        on = cfg.stop.on_cap and breaker.enabled and breaker.waste_window
+        self._waste = breaker.waste_limit if on else 0
         # monologue: the request-side rule says how long the same-text run would get
         self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
         #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
@@ -244,7 +270,7 @@ class StopJudge:
     @staticmethod
     def enabled(cfg: Config) -> bool:
         breaker = cfg.guards.circuit_breaker
-        cap = cfg.stop.on_cap and breaker.enabled and breaker.max_calls_per_agent > 0
+        cap = cfg.stop.on_cap and breaker.enabled and (breaker.max_calls_per_agent > 0 or breaker.waste_window > 0)
         monologue = cfg.guards.monologue.enabled and cfg.guards.monologue.stop_at > 0
         ladder = cfg.guards.escalation.enabled and cfg.guards.escalation.stop
         return cfg.stop.after_ignored_denials > 0 or cap or monologue or ladder
@@ -254,7 +280,8 @@ class StopJudge:
         if not calls:
             return self._monologue_stop(calls, text) if self.on_text_only else None
         by_denials = 0 < self._after <= self.withheld
-        by_cap = 0 < self._cap < len(self._transcript.calls) + len(calls)
+        total = len(self._transcript.calls) + len(calls)
+        by_cap = 0 < self._cap < total or 0 < self._waste < total
         if not (by_denials or by_cap or self._escalated):
             return self._monologue_stop(calls, text)
         extended, pending = with_pending_step(self._transcript, calls)
@@ -265,9 +292,12 @@ class StopJudge:
         # same order as sorting every re-derived action of a long history first)
         mine = [a for a in evaluated if isinstance(a, Withhold) and a.position in pending]
         denied = sorted(mine, key=lambda a: a.position)
-        capped = [a for a in denied if a.rule == BREAKER and a.reason == CAP]
+        capped = [a for a in denied if a.rule == BREAKER and a.reason in (CAP, WASTE)]
         if by_cap and capped:
-            return self._stop(CAP, capped[0], capped[0].limit)
+            first = capped[0]
+            if first.reason == WASTE:
+                return self._stop(WASTE, first, first.limit)
+            return self._stop(CAP, first, first.limit, self._cap_text)
         laddered = [a for a in denied if a.rule == ESCALATION_RULE]
         if self._escalated and laddered:
             return self._stop(ESCALATION, laddered[0], laddered[0].limit)
@@ -292,8 +322,8 @@ class StopJudge:
         )
         return Stop(text=body, rule=STOP_RULE, tool=tool, count=count, limit=limit, reason=MONOLOGUE)
 
-    def _stop(self, kind: str, w: Withhold, limit: int | None) -> Stop:
-        text = stop_template(self._cfg, kind).format(
+    def _stop(self, kind: str, w: Withhold, limit: int | None, template: str = "") -> Stop:
+        text = stop_template(self._cfg, template or kind).format(
             tool=w.tool, count=w.count, limit=limit, kind=kind, denials=self.withheld
         )
         return Stop(text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind)
@@ -513,13 +543,17 @@ def _needle(template: str) -> bytes:
     return max(runs, key=len, default="").encode()
 
 
+#: The stop texts :func:`earlier_stops` looks for.
+STOP_KINDS = (DENIALS, CAP, EPISODE_CAP, WASTE, MONOLOGUE)
+
+
 def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
     """Stops already in the conversation: assistant messages without calls that end with a stop
     text (the built-in ones, or ``stop.message``). Returned as re-derived (not fresh) actions.
     A body that holds no part of any stop text (and no JSON escape that could spell one) has
     none, and is not decoded; Gemini ``parts`` are joined without a separator, so a body with
     ``parts`` is always decoded (a text could span two of them)."""
-    needles = {_needle(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
+    needles = {_needle(stop_template(cfg, kind)) for kind in STOP_KINDS}
     quick = b"\\u" not in request_body and b'"parts"' not in request_body
     if quick and all(n and n not in request_body for n in needles):
         return []
@@ -532,7 +566,7 @@ def earlier_stops(request_body: bytes, cfg: StopConfig) -> list[Stop]:
         messages = [_gemini_message(c) for c in body["contents"]]
     if not isinstance(messages, list):  # chat messages, or Responses input items
         return []
-    patterns = {_template_pattern(stop_template(cfg, kind)) for kind in (DENIALS, CAP, MONOLOGUE)}
+    patterns = {_template_pattern(stop_template(cfg, kind)) for kind in STOP_KINDS}
     out: list[Stop] = []
     for msg in messages:
         if not isinstance(msg, dict) or msg.get("role") != "assistant" or msg.get("tool_calls"):

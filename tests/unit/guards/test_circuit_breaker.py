@@ -13,7 +13,13 @@ from proxy.dialects.openai_chat import parse_request
 from proxy.edge.observe import Stats, action_summary
 from proxy.errors import ConfigError
 from proxy.guards import build_guards
-from proxy.guards.circuit_breaker import CAP_TEXT, DUPLICATE_TEXT, CircuitBreaker
+from proxy.guards.circuit_breaker import (
+    CAP_TEXT,
+    DUPLICATE_TEXT,
+    EPISODE_CAP_TEXT,
+    WASTE_TEXT,
+    CircuitBreaker,
+)
 from proxy.request.rewrite import decide_request
 from tests.helpers.fakes import only_guard
 from tests.helpers.resume_check import assert_resumes
@@ -27,12 +33,14 @@ def call(name: str, args: Any, cid: str) -> dict[str, Any]:
 
 def conversation(calls: list[tuple[str, Any] | str], result: Any = RESULT) -> list[dict[str, Any]]:
     """A user prompt, then one step per entry: ``(name, arguments)`` makes one call (ids
-    ``c1``, ``c2``, …) answered with ``result``; the string ``"user"`` is a user message."""
+    ``c1``, ``c2``, …) answered with ``result``; the string ``"user"`` is a user message that
+    continues the work ("keep going"), ``"prompt"`` a new request from the user."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug"}]
     n = 0
     for entry in calls:
-        if entry == "user":
-            messages.append({"role": "user", "content": "keep going"})
+        if entry in ("user", "prompt"):
+            text = "keep going" if entry == "user" else "Now add a test for it"
+            messages.append({"role": "user", "content": text})
             continue
         n += 1
         name, args = entry
@@ -42,8 +50,10 @@ def conversation(calls: list[tuple[str, Any] | str], result: Any = RESULT) -> li
 
 
 def letters(spec: str) -> list[tuple[str, Any] | str]:
-    """``"A A B"`` → read_file calls on paths A, A, B; ``u`` is a user message."""
-    return ["user" if t == "u" else ("read_file", f'{{"path": "{t}"}}') for t in spec.split()]
+    """``"A A B"`` → read_file calls on paths A, A, B; ``u`` is a user message that continues the
+    work, ``P`` a new request."""
+    special = {"u": "user", "P": "prompt"}
+    return [special.get(t) or ("read_file", f'{{"path": "{t}"}}') for t in spec.split()]
 
 
 def breaker(**cfg: Any) -> CircuitBreaker:
@@ -179,8 +189,8 @@ def test_lifetime_cap(spec: str, cfg: dict[str, Any], denied: list[tuple[int, st
 
 
 def test_cap_5_sixth_call_denied_across_user_message_with_cap_text() -> None:
-    messages = conversation(letters("A B C u D E u F"))
-    (a,) = run(messages, max_calls_per_agent=5)
+    messages = conversation(letters("A B C u D E P F"))
+    (a,) = run(messages, max_calls_per_agent=5, scope="conversation")
     assert a.position == messages.index(messages[-1])
     assert a.text == (
         "[loopguard] The result of this call is withheld: this conversation has reached its limit of 5 "
@@ -189,6 +199,141 @@ def test_cap_5_sixth_call_denied_across_user_message_with_cap_text() -> None:
     )
     assert a.text == CAP_TEXT.format(limit=5, count=6)
     assert a.fresh is True
+
+
+def test_the_cap_counts_the_calls_since_the_users_last_request_by_default() -> None:
+    """"keep going" continues the work (the cap goes on across it); a new request starts afresh."""
+    messages = conversation(letters("A B C u D E F P G H I J K"))
+    actions = run(messages, max_calls_per_agent=5)
+    assert [(a.call_id, a.reason, a.count, a.limit) for a in actions] == [("c6", "cap", 6, 5)]
+    assert actions[0].text == EPISODE_CAP_TEXT.format(limit=5, count=6)
+    assert actions[0].text == (
+        "[loopguard] The result of this call is withheld: you have reached the limit of 5 tool calls "
+        "for the user's last request (this was call 6). Stop calling tools: tell the user what you have "
+        "done and found so far, what is left, and what you need from them."
+    )
+    seed = run(messages, max_calls_per_agent=5, scope="conversation")
+    assert [(a.call_id, a.count) for a in seed] == [(f"c{k}", k) for k in range(6, 12)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "scope", "denied"),
+    [
+        ("A A P A A A", "episode", [5]),  # a new request: the window starts afresh
+        ("A A P A A A", "conversation", [3, 4, 5]),  # the seed: nothing resets it
+        ("A A u A A A", "episode", [3, 4, 5]),  # a continuation is no new request
+        ("A B P A B P A B P A B", "episode", []),
+        ("A B P A B P A B P A B", "conversation", [5, 6, 7, 8]),
+    ],
+)
+def test_the_duplicate_window_scope(spec: str, scope: str, denied: list[int]) -> None:
+    messages = conversation(letters(spec))
+    assert denied_calls(messages, run(messages, duplicate_limit=2, scope=scope)) == denied
+
+
+def routine_cycles(prompts: int, calls_per_prompt: int) -> list[tuple[str, Any] | str]:
+    """``prompts`` cycles of a "commit and continue" session: each new request gets distinct
+    reads, then the routine ``git status --short`` whose output never changes."""
+    out: list[tuple[str, Any] | str] = []
+    for p in range(prompts):
+        if p:
+            out.append("prompt")
+        out += [("read_file", {"path": f"src/m{p}_{k}.py"}) for k in range(calls_per_prompt - 1)]
+        out.append(("bash", {"command": "git status --short"}))
+    return out
+
+
+def test_a_routine_command_after_each_of_a_hundred_requests_is_never_withheld() -> None:
+    messages = conversation(routine_cycles(100, 10), result=" M src/app.py")
+    results = [m for m in messages if m["role"] == "tool"]
+    assert len(results) == 1000
+    for k, m in enumerate(results):
+        if k % 10 != 9:
+            m["content"] = f"contents of module {k}"
+    assert run(messages) == []
+    # the seed counts it across the requests: its 7th run among the last 200 calls is withheld,
+    # and every call after the 300th run
+    seed = run(messages, scope="conversation", max_calls_per_agent=300, progress_aware=False, waste_window=0)
+    assert [(a.call_id, a.reason) for a in seed[:2]] == [("c70", "duplicate"), ("c80", "duplicate")]
+    caps = [a for a in seed if a.reason == "cap"]
+    assert (caps[0].call_id, caps[0].count, len(caps)) == ("c320", 320, 681)
+
+
+# --- the waste cap ---------------------------------------------------------------------------------
+
+
+def test_six_hundred_diverse_calls_on_one_request_are_untouched() -> None:
+    spec: list[tuple[str, Any] | str] = []
+    for k in range(200):
+        spec += [
+            ("read_file", {"path": f"src/f{k}.py"}),
+            ("grep", {"pattern": f"def f{k}"}),
+            ("bash", {"command": "pytest -q"}),
+        ]
+    messages = conversation(spec)
+    for k, m in enumerate(m for m in messages if m["role"] == "tool"):
+        m["content"] = f"output {k // 3}"  # every read new; each test run after it sees a new state
+    assert run(messages) == []
+
+
+def drifting(n: int, result: str = "No results found.") -> list[dict[str, Any]]:
+    """``n`` searches, each with new arguments, each getting the same result."""
+    return conversation([("web_search", {"query": f"weather in shanghai today {k}"}) for k in range(n)], result)
+
+
+def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_95th_waste_on() -> None:
+    messages = drifting(120)
+    actions = run(messages)
+    # call 1 brings its result; calls 2-96 bring nothing new: at call 96 that is 95 of the last 100
+    assert [a.call_id for a in actions] == [f"c{k}" for k in range(96, 121)]
+    assert [a.count for a in actions] == [*range(95, 100), *[100] * 20]
+    assert {(a.reason, a.limit, a.tool) for a in actions} == {("waste", 100, "web_search")}
+    assert actions[0].text == WASTE_TEXT.format(count=95, limit=100) == (
+        "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
+        "and neither did 95 of your last 100 tool calls (the same results again, with nothing "
+        "changed in between). You are going round in circles. Stop calling tools: tell the user what you "
+        "have found, what is blocking you, and what you need from them."
+    )
+    assert run(messages, waste_window=0) == []
+    assert [a.call_id for a in run(messages, waste_window=10, waste_limit=9)] == [
+        f"c{k}" for k in range(10, 121)
+    ]
+
+
+def test_a_new_request_empties_the_waste_window() -> None:
+    spec: list[tuple[str, Any] | str] = [("web_search", {"query": f"q{k}"}) for k in range(90)]
+    spec += ["prompt", *[("web_search", {"query": f"r{k}"}) for k in range(90)]]
+    assert run(conversation(spec)) == []
+    spec[90] = "user"  # "keep going": the same episode, 180 calls
+    assert [a.call_id for a in run(conversation(spec))][:1] == ["c96"]
+
+
+def test_exact_repeats_are_withheld_by_the_duplicate_rule_first() -> None:
+    messages = conversation([("web_search", {"query": "weather in shanghai"})] * 1000)
+    actions = run(messages)
+    assert [(a.call_id, a.reason) for a in actions[:2]] == [("c7", "duplicate"), ("c8", "duplicate")]
+    assert {a.reason for a in actions} == {"duplicate"}
+    assert len(actions) == 994
+
+
+def test_a_changed_situation_or_a_new_result_is_not_waste() -> None:
+    # a test run after each edit gets the same failure: the edits are new, so nothing is waste
+    spec: list[tuple[str, Any] | str] = []
+    for k in range(150):
+        spec += [("edit_file", {"path": "a.py", "new": f"v{k}"}), ("run_tests", {"path": "tests"})]
+    messages = conversation(spec)
+    for k, m in enumerate(m for m in messages if m["role"] == "tool"):
+        m["content"] = f"edited {k}" if k % 2 == 0 else "FAILED test_a - AssertionError"
+    assert run(messages) == []
+
+
+def test_the_waste_cap_denies_a_call_without_its_result_only_past_the_limit() -> None:
+    messages = drifting(96)
+    messages.pop()  # call 96 has no result yet: no action, but it is denied (it counts nothing)
+    assert run(messages) == []
+    messages = drifting(97)
+    del messages[-3]  # call 96's result is gone; call 97 is the 95th waste in the window
+    assert [a.call_id for a in run(messages)] == ["c97"]
 
 
 def test_changing_description_still_trips() -> None:
@@ -368,7 +513,8 @@ def test_stats_count_fresh_withholds_per_kind_and_log_reason() -> None:
 
 def test_defaults() -> None:
     cfg = Config().guards.circuit_breaker
-    assert (cfg.enabled, cfg.duplicate_limit, cfg.window, cfg.max_calls_per_agent) == (True, 6, 200, 300)
+    assert (cfg.enabled, cfg.duplicate_limit, cfg.window, cfg.max_calls_per_agent) == (True, 6, 200, 0)
+    assert (cfg.scope, cfg.waste_window, cfg.waste_limit) == ("episode", 100, 95)
     assert cfg.exempt == ("todo_write", "ask_user_question", "exit_plan_mode")
     assert cfg.only == ()
     assert cfg.ignore_args == ("description", "explanation", "reason", "thought", "purpose")
@@ -408,6 +554,13 @@ def test_defaults() -> None:
         ({"only": [1]}, "only[0]", "must be a string"),
         ({"incident_log": None}, "incident_log", "must be a string"),
         ({"duplicate_limt": 3}, "duplicate_limt", "unknown key"),
+        ({"scope": "turn"}, "scope", "must be one of"),
+        ({"scope": None}, "scope", "must be one of"),
+        ({"waste_window": 1}, "waste_window", "must be 0 (off) or an integer >= 2"),
+        ({"waste_window": -1}, "waste_window", "must be 0 (off) or an integer >= 2"),
+        ({"waste_limit": 0}, "waste_limit", "must be an integer >= 1"),
+        ({"waste_limit": 101}, "waste_limit", "must be <= waste_window (100), got 101"),
+        ({"waste_window": 50, "waste_limit": 60}, "waste_limit", "must be <= waste_window (50), got 60"),
     ],
 )
 def test_config_validation(data: dict[str, Any], key: str, fragment: str) -> None:
@@ -422,6 +575,8 @@ def test_config_validation(data: dict[str, Any], key: str, fragment: str) -> Non
     [
         {"duplicate_limit": 1, "window": 1, "max_calls_per_agent": 0},
         {"duplicate_limit": 6, "window": 6},
+        {"scope": "conversation", "waste_window": 0, "waste_limit": 500},
+        {"scope": "episode", "waste_window": 2, "waste_limit": 2},
         {"deny_message": "{tool} {count} {limit} {kind} {{literal}} {count:>3} {kind!r}"},
         {"deny_message": "no placeholders at all"},
         {"exempt": [], "only": ["bash", "mcp__*"], "ignore_args": [], "incident_log": "/tmp/x.jsonl"},
@@ -442,8 +597,11 @@ def test_config_accepts(data: dict[str, Any]) -> None:
         (" ".join(["A"] * 9), {"duplicate_limit": 6}, [7, 8, 9]),
         ("A A B A A u A", {"duplicate_limit": 2, "window": 3}, [4, 5, 6]),
         ("A B C D E F", {"max_calls_per_agent": 3}, [4, 5, 6]),
+        ("A B P C D E u F G", {"max_calls_per_agent": 2}, [5, 6, 7]),
+        ("A A P A A A P A", {"duplicate_limit": 2}, [5]),
+        ("A B C D E F G H", {"waste_window": 4, "waste_limit": 3}, [4, 5, 6, 7, 8]),
     ],
-    ids=["duplicates", "window", "cap"],
+    ids=["duplicates", "window", "cap", "episode-cap", "episode-window", "waste"],
 )
 def test_a_state_advanced_in_two_parts_withholds_what_the_whole_run_does(
     spec: str, cfg: dict[str, Any], denied: list[int]
