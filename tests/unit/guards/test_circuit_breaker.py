@@ -281,16 +281,16 @@ def drifting(n: int, result: str = "No results found.") -> list[dict[str, Any]]:
     return conversation([("web_search", {"query": f"weather in shanghai today {k}"}) for k in range(n)], result)
 
 
-def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_95th_waste_on() -> None:
+def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_80th_waste_on() -> None:
     messages = drifting(120)
     actions = run(messages)
-    # call 1 brings its result; calls 2-96 bring nothing new: at call 96 that is 95 of the last 100
-    assert [a.call_id for a in actions] == [f"c{k}" for k in range(96, 121)]
-    assert [a.count for a in actions] == [*range(95, 100), *[100] * 20]
+    # call 1 brings its result; calls 2-81 bring nothing new: at call 81 that is 80 of the last 100
+    assert [a.call_id for a in actions] == [f"c{k}" for k in range(81, 121)]
+    assert [a.count for a in actions] == [*range(80, 100), *[100] * 20]
     assert {(a.reason, a.limit, a.tool) for a in actions} == {("waste", 100, "web_search")}
-    assert actions[0].text == WASTE_TEXT.format(count=95, limit=100) == (
+    assert actions[0].text == WASTE_TEXT.format(count=80, limit=100) == (
         "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
-        "and neither did 95 of your last 100 tool calls (the same results again, with nothing "
+        "and neither did 80 of your last 100 tool calls (the same results again, with nothing "
         "changed in between). You are going round in circles. Stop calling tools: tell the user what you "
         "have found, what is blocking you, and what you need from them."
     )
@@ -301,11 +301,11 @@ def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_95th_was
 
 
 def test_a_new_request_empties_the_waste_window() -> None:
-    spec: list[tuple[str, Any] | str] = [("web_search", {"query": f"q{k}"}) for k in range(90)]
-    spec += ["prompt", *[("web_search", {"query": f"r{k}"}) for k in range(90)]]
+    spec: list[tuple[str, Any] | str] = [("web_search", {"query": f"q{k}"}) for k in range(75)]
+    spec += ["prompt", *[("web_search", {"query": f"r{k}"}) for k in range(75)]]
     assert run(conversation(spec)) == []
-    spec[90] = "user"  # "keep going": the same episode, 180 calls
-    assert [a.call_id for a in run(conversation(spec))][:1] == ["c96"]
+    spec[75] = "user"  # "keep going": the same episode, 150 calls
+    assert [a.call_id for a in run(conversation(spec))][:1] == ["c81"]
 
 
 def test_exact_repeats_are_withheld_by_the_duplicate_rule_first() -> None:
@@ -328,12 +328,12 @@ def test_a_changed_situation_or_a_new_result_is_not_waste() -> None:
 
 
 def test_the_waste_cap_denies_a_call_without_its_result_only_past_the_limit() -> None:
-    messages = drifting(96)
-    messages.pop()  # call 96 has no result yet: no action, but it is denied (it counts nothing)
+    messages = drifting(81)
+    messages.pop()  # call 81 has no result yet: no action, but it is denied (it counts nothing)
     assert run(messages) == []
-    messages = drifting(97)
-    del messages[-3]  # call 96's result is gone; call 97 is the 95th waste in the window
-    assert [a.call_id for a in run(messages)] == ["c97"]
+    messages = drifting(82)
+    del messages[-3]  # call 81's result is gone; call 82 is the 80th waste in the window
+    assert [a.call_id for a in run(messages)] == ["c82"]
 
 
 def test_changing_description_still_trips() -> None:
@@ -514,7 +514,7 @@ def test_stats_count_fresh_withholds_per_kind_and_log_reason() -> None:
 def test_defaults() -> None:
     cfg = Config().guards.circuit_breaker
     assert (cfg.enabled, cfg.duplicate_limit, cfg.window, cfg.max_calls_per_agent) == (True, 6, 200, 0)
-    assert (cfg.scope, cfg.waste_window, cfg.waste_limit) == ("episode", 100, 95)
+    assert (cfg.scope, cfg.waste_window, cfg.waste_limit) == ("episode", 100, 80)
     assert cfg.exempt == ("todo_write", "ask_user_question", "exit_plan_mode")
     assert cfg.only == ()
     assert cfg.ignore_args == ("description", "explanation", "reason", "thought", "purpose")

@@ -17,6 +17,7 @@ from proxy.guards.circuit_breaker import DUPLICATE_TEXT
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import (
     CAP_TEXT,
+    EPISODE_CAP_TEXT,
     DENIALS_TEXT,
     StopJudge,
     decide_json,
@@ -109,6 +110,7 @@ def test_new_turn_is_guarded_afresh_and_stops_again_after_two_more_denials() -> 
 
 
 CAP_CONFIG = {"guards": {"circuit_breaker": {"max_calls_per_agent": 5}}}
+SEED_CAP_CONFIG = {"guards": {"circuit_breaker": {"max_calls_per_agent": 5, "scope": "conversation"}}}
 
 
 def distinct_calls(n: int) -> list[dict[str, Any]]:
@@ -126,18 +128,50 @@ def distinct_calls(n: int) -> list[dict[str, Any]]:
 
 
 def test_stop_at_the_lifetime_cap_at_once_and_after_a_user_message() -> None:
-    assert judge_for(distinct_calls(4), CAP_CONFIG)([call()]) is None  # call 5: under the cap
-    stop = judge_for(distinct_calls(5), CAP_CONFIG)([call()])
+    """The seed's cap: over the whole conversation (scope: conversation)."""
+    assert judge_for(distinct_calls(4), SEED_CAP_CONFIG)([call()]) is None  # call 5: under the cap
+    stop = judge_for(distinct_calls(5), SEED_CAP_CONFIG)([call()])
     assert stop is not None
     assert (stop.reason, stop.tool, stop.count, stop.limit) == ("cap", "read_file", 6, 5)
     assert stop.text == CAP_TEXT.format(limit=5, tool="read_file")
     later = [
         *distinct_calls(5),
         {"role": "assistant", "content": "done"},
-        {"role": "user", "content": "more"},
+        {"role": "user", "content": "Now the other module"},
     ]
-    stop = judge_for(later, CAP_CONFIG)([call()])
+    stop = judge_for(later, SEED_CAP_CONFIG)([call()])
     assert stop is not None and stop.reason == "cap"  # the cap is never reset
+
+
+def test_the_cap_counts_per_request_by_default() -> None:
+    stop = judge_for(distinct_calls(5), CAP_CONFIG)([call()])
+    assert stop is not None
+    assert (stop.reason, stop.tool, stop.count, stop.limit) == ("cap", "read_file", 6, 5)
+    assert stop.text == EPISODE_CAP_TEXT.format(limit=5, tool="read_file") == (
+        "[loopguard] Stopped: the model reached loopguard's limit of 5 tool calls for this request "
+        "(it wanted to call read_file again), so loopguard ended its turn here; that call was not run. "
+        "Send a message to continue."
+    )
+    done = [*distinct_calls(5), {"role": "assistant", "content": "done"}]
+    # a new request starts the count afresh; "continue" is none
+    assert judge_for([*done, {"role": "user", "content": "Now the other module"}], CAP_CONFIG)([call()]) is None
+    stop = judge_for([*done, {"role": "user", "content": "continue"}], CAP_CONFIG)([call()])
+    assert stop is not None and (stop.reason, stop.count) == ("cap", 6)
+
+
+def test_stop_when_the_calls_stopped_bringing_anything_new() -> None:
+    """Drifting searches, each getting the result the episode already had (the waste cap)."""
+    assert judge_for(distinct_calls(80))([call()]) is None  # 79 wasted of the last 80
+    stop = judge_for(distinct_calls(81))([call()])
+    assert stop is not None
+    assert (stop.reason, stop.tool, stop.count, stop.limit) == ("waste", "read_file", 80, 100)
+    assert stop.text == (
+        "[loopguard] Stopped: the model's tool calls stopped bringing anything new (80 of its last 100 "
+        "got results it already had, with nothing changed in between), so loopguard ended its turn here; "
+        "that last call was not run. Send a message to continue."
+    )
+    assert judge_for(distinct_calls(81), {"stop": {"on_cap": False}})([call()]) is None
+    assert judge_for(distinct_calls(81), {"guards": {"circuit_breaker": {"waste_window": 0}}})([call()]) is None
 
 
 def test_cap_stop_can_be_turned_off() -> None:
