@@ -349,6 +349,24 @@ def kind_of(
     return entry.kind
 
 
+#: How a search tool says it found nothing, at the start of its result (or a blank result):
+#: Claude Code ``Grep``/``Glob`` ("No matches found", "No files found"), OpenCode ``grep``/``glob``
+#: ("No files found"), Gemini CLI and Qwen Code ``search_file_content``/``glob`` ("No matches found
+#: for pattern …", "No files found matching pattern …"), and counts of zero ("Found 0 matches").
+NOTHING_FOUND = re.compile(
+    r"\A\s*(?:\Z|No (?:files|matches|results|match|file)(?: were)? found\b|Found 0 (?:files|matches|results)\b"
+    r"|0 (?:files|matches|results)(?: found)?\b)",
+    re.IGNORECASE,
+)
+
+
+def found_nothing(name: str, arguments: Any, text: str, agent: Agent | None = None) -> bool:
+    """True when a call of a ``search`` tool (:func:`kind_of`) answered that it found nothing
+    (:data:`NOTHING_FOUND`). Searching with one pattern after another that each find nothing is
+    exploration: the answer "not there" is news each time."""
+    return kind_of(name, arguments, agent=agent) == "search" and NOTHING_FOUND.match(text) is not None
+
+
 def polls() -> dict[str, tuple[str, str]]:
     """Tool name → :attr:`Tool.poll` of every tool of the table that polls a running process
     (``{"write_stdin": ("session_id", "session"), "TaskOutput": ("task_id", "task"), …}``)."""

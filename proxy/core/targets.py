@@ -40,6 +40,8 @@ DEFAULT_TARGET_ARGS = (
     "path",
     "file_path",
     "filepath",
+    "filePath",  # OpenCode's read, edit and write
+    "absolute_path",  # Gemini CLI's read_file
     "file",
     "filename",
     "target_file",

@@ -20,6 +20,10 @@ Rules, per episode (a turn that only a new request starts, :mod:`proxy.core.epis
 - A successful edit with a new change (:class:`proxy.core.effects.EditLedger`: not the same edit again,
   not one undoing an earlier edit) is progress, even when its result is a constant success line
   ("The file … has been updated successfully."): it starts a new run, at 1.
+- A search that found nothing (:func:`proxy.core.agents.found_nothing`: ``grep``/``glob`` answering
+  "No files found") is on nothing: it ends a run and starts none. Searching with one pattern after
+  another that each find nothing is exploration, not a loop (an exact repeat of one such search
+  is still ``repeat_reminder``'s).
 - A reminder fires when the run's length equals one of ``thresholds`` (3, 5, 8) and the run is
   not all one call (its arguments differ at least once, compared as ``repeat_reminder`` compares
   them: without its ``ignore_args``; identical runs are left to it, so a run whose calls differ
@@ -132,7 +136,7 @@ class SameTarget:
             on = memoized(
                 self._memo, call, lambda c: call_on(self._targets, c.name, c.arguments, c.arguments_raw)
             )
-            if on[1] is None:
+            if on[1] is None or (known(call.result) and self._found_nothing(call)):
                 s.run, s.varied, s.prev, s.prev_on, s.prev_same, s.due = 0, False, None, None, False, 0
                 continue
             prev = calls[s.prev] if s.prev is not None else None
@@ -177,6 +181,11 @@ class SameTarget:
             if action is not None:
                 actions.append(action)
         return actions
+
+    def _found_nothing(self, call: ToolCall) -> bool:
+        """``call`` (its result known) is a search that found nothing."""
+        assert call.result is not None
+        return agents.found_nothing(call.name, call.arguments, call.result.text)
 
     def _same_call(self, call: ToolCall) -> str:
         return canonical_arguments(call.arguments, call.arguments_raw, self._ignore)

@@ -364,3 +364,30 @@ def test_every_real_edit_result_is_a_success_line_or_a_failure_shape() -> None:
     }
     assert unshaped == {"The user doesn't want to proceed with this tool use. The too"}
     assert sum(1 for _, _, failed in results if not failed) >= 400
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "nothing"),
+    [
+        ("grep", "No files found", True),  # OpenCode
+        ("glob", "No files found", True),
+        ("Grep", "No matches found", True),  # Claude Code
+        ("Glob", "No files found", True),
+        ("search_file_content", 'No matches found for pattern "x" in path ".".', True),  # Gemini CLI
+        ("glob", 'No files found matching pattern "*.cfg" within /r.', True),
+        ("Grep", "Found 0 files", True),
+        ("Grep", "", True),
+        ("grep", "  \n", True),
+        ("grep", "Found 1 matches\n/r/a.ts:\n  Line 3: x", False),
+        ("Glob", "/r/src/a.ts", False),
+        ("grep", "Error: Ripgrep JSON record exceeded the limit", False),
+        ("grep", "Nothing here: No files found", False),  # only at the start
+        # not a search: an empty read, a quiet command
+        ("read", "", False),
+        ("bash", "", False),
+        ("Bash", "No files found", False),
+        ("mystery_tool", "No files found", False),
+    ],
+)
+def test_a_search_that_found_nothing(name: str, text: str, nothing: bool) -> None:
+    assert agents.found_nothing(name, {"pattern": "x"}, text) is nothing

@@ -34,6 +34,8 @@ RULE = TargetRule()
         ("odd", {"path": {"x": 1}, "url": "u"}, Target("u", "url")),  # object skipped
         ("odd", {"path": True}, None),  # boolean is not a target
         ("odd", {"path": 7}, Target("7", "path")),
+        ("read", {"filePath": "/r/a.ts", "offset": 10}, Target("/r/a.ts", "filePath")),  # OpenCode
+        ("read_file", {"absolute_path": "/r/a.py"}, Target("/r/a.py", "absolute_path")),  # Gemini CLI
         ("todo_write", {"todos": [{"content": "x"}]}, None),  # no target argument
         ("broken", INVALID, None),  # arguments that are not JSON
         ("list", ["path", "x"], None),  # arguments that are not an object
@@ -48,6 +50,8 @@ def test_default_argument_names() -> None:
         "path",
         "file_path",
         "filepath",
+        "filePath",
+        "absolute_path",
         "file",
         "filename",
         "target_file",

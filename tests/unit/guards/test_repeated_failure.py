@@ -108,6 +108,19 @@ def guard(**settings: Any) -> RepeatedFailure:
             [("remind", 2, 2)],
             id="description_ignored",
         ),
+        # OpenCode names the file it reads filePath: reads of three missing files are three targets
+        pytest.param(
+            [("read", {"filePath": f"/r/{f}.ts"}, f"Error: File not found: /r/{f}.ts") for f in "abc"],
+            {},
+            [],
+            id="failed_reads_of_different_files",
+        ),
+        pytest.param(
+            [("read", {"filePath": "/r/a.ts", "offset": k}, "Error: File not found: /r/a.ts") for k in (0, 10, 20)],
+            {},
+            [("remind", 3, 3)],
+            id="failed_reads_of_one_file",
+        ),
     ],
 )
 def test_repeated_failure(

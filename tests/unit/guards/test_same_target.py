@@ -37,6 +37,16 @@ def not_found(old: str) -> Call:
     return ("Edit", {"file_path": FILE, "old_string": old, "new_string": "y"}, error)
 
 
+def grep(pattern: str, result: str, path: str = "/r/src") -> Call:
+    """OpenCode's grep in one directory."""
+    return ("grep", {"pattern": pattern, "path": path}, result)
+
+
+def glob(pattern: str, result: str) -> Call:
+    """OpenCode's glob in the project."""
+    return ("glob", {"pattern": pattern, "path": "/r"}, result)
+
+
 def guard(**settings: Any) -> SameTarget:
     return SameTarget(build(SameTargetConfig, settings))
 
@@ -84,6 +94,39 @@ HISTORIES = {
     "failing_edits_echoing_their_old_text_are_one_failure": (
         History().steps([not_found(f"def f{k}():") for k in range(5)]),
         [("remind", 3, 3), ("remind", 5, 5)],
+    ),
+    # searching with one pattern after another that each find nothing is exploration
+    "greps_with_different_patterns_finding_nothing": (
+        History().steps([grep(p, "No files found") for p in ("loadConfig", "readConfig", "config.load")]),
+        [],
+    ),
+    "globs_with_different_patterns_finding_nothing": (
+        History().steps([glob(p, "No files found") for p in ("**/*.cfg", "**/config.*", "src/**/set*", "*.ini")]),
+        [],
+    ),
+    "claude_code_greps_finding_nothing": (
+        History().steps(
+            [("Grep", {"pattern": p, "path": "/r/src"}, "No matches found") for p in ("a(", "a\\(", "a[(]")]
+        ),
+        [],
+    ),
+    "gemini_searches_finding_nothing": (
+        History().steps(
+            [
+                ("search_file_content", {"pattern": p, "path": "/r"}, f'No matches found for pattern "{p}" in path "/r".')
+                for p in ("foo", "bar", "baz")
+            ]
+        ),
+        [],
+    ),
+    # ... while drifting searches that keep finding the same thing are still a run
+    "greps_with_drifting_patterns_finding_the_same_file": (
+        History().steps([grep(p, "Found 1 matches\n/r/src/a.ts:\n  Line 3: x") for p in ("x", "x ", " x")]),
+        [("remind", 3, 3)],
+    ),
+    "a_search_finding_nothing_ends_a_run": (
+        History().steps([*drifting(2), grep("x", "No files found", path="t.py"), drift("c")]),
+        [],
     ),
     "run_after_a_new_request_counts_afresh": (
         History().steps(drifting(2)).user("Now look at the tests instead.").steps(drifting(3)),
