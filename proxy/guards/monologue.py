@@ -1,8 +1,10 @@
 """monologue (DESIGN §6.5): the model saying the same thing over and over — reminder, then the
 response side stops the turn.
 
-Rules (over the user and assistant messages of the whole conversation, in order; user messages
-do not reset, because harnesses answer a reply they dislike with a user message):
+Rules (over the user and assistant messages of the whole conversation, in order; a user message
+that continues the work does not reset, because harnesses answer a reply they dislike with a user
+message, but a new request from the user does: :mod:`proxy.core.episodes`, the same
+``progress.continuation_patterns`` and harness replies the other rules read):
 - Never in a conversation without tool calls: plain chat where a user types
   "continue" for the next chapter is not a loop.
 - **Same text**: an assistant message's text, whitespace-normalized (runs of whitespace → one
@@ -10,11 +12,13 @@ do not reset, because harnesses answer a reply they dislike with a user message)
   back in between*: both messages are text-only, or both called the same tools (in order; the
   arguments may differ) and got the same results (masked, :mod:`proxy.core.progress`). The same
   narration while paging through a file (``scroll_down``, each page new) is progress, not a
-  repeat. An assistant message without text breaks the run. When the run reaches ``repeats`` (3)
-  messages, a reminder fires.
+  repeat. An assistant message without text breaks the run, and so does a new request between two
+  messages (a model that answers "Committed." to three "commit and continue" prompts is doing what
+  it was asked). When the run reaches ``repeats`` (3) messages, a reminder fires.
 - **Same answer**: text-only assistant replies (no tool calls) each answered by a user message
-  with the same normalized text (a harness error such as "You did not use a tool"); the run
-  counts such pairs in a row, and fires at ``repeats``.
+  with the same normalized text that continues the work (a harness error such as "You did not use
+  a tool", a "continue"); the run counts such pairs in a row, and fires at ``repeats``. A new
+  request as the answer ends the run: a person who sends the same request again is not a harness.
 - Placement: a message with tool calls gets the reminder after its step's results (``inject_as``
   as in §6.1). A text-only reply has no tool result: its reminder is appended to the message
   that answered it (the harness's user message), never inserted, so roles keep alternating; a
@@ -36,6 +40,7 @@ from collections.abc import Sequence
 from proxy.config import MonologueConfig
 from proxy.core.actions import Action, Delivery, Remind
 from proxy.core.effects import Situations
+from proxy.core.episodes import ContinuationRule
 from proxy.core.memo import ENTRY_BYTES, Memo
 from proxy.core.progress import same_result
 from proxy.core.transcript import Said, Step, Transcript
@@ -82,7 +87,7 @@ def normalize(text: str) -> str:
 class Monologue:
     """Guard callable: ``Monologue(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_situations")
+    __slots__ = ("_cfg", "_continues", "_delivery", "_situations")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
@@ -94,10 +99,20 @@ class Monologue:
         self._cfg = cfg
         self._delivery = delivery
         self._situations = situations or Situations()
+        self._continues: ContinuationRule = self._situations.continuations
 
     @property
     def config(self) -> MonologueConfig:
         return self._cfg
+
+    def _new_request(self, msg: Said) -> bool:
+        """``msg`` is a user message that asks for something new (not a continuation, not a
+        harness's reply: :class:`proxy.core.episodes.ContinuationRule`)."""
+        return msg.role == "user" and not self._continues(msg.text)
+
+    def _prompt_between(self, said: Sequence[Said], j: int, k: int) -> bool:
+        """A new request among ``said[j + 1 : k]``."""
+        return any(self._new_request(said[i]) for i in range(j + 1, k))
 
     def _tools_of(self, transcript: Transcript, msg: Said) -> tuple[str, ...]:
         """The tools assistant message ``msg`` called, in order (empty for a text-only one)."""
@@ -143,7 +158,11 @@ class Monologue:
             return 0
         run = 1
         j = _previous_assistant(said, k)
-        while j is not None and self._repeats(transcript, said[j], normalize(said[j].text), said[k], text):
+        while (
+            j is not None
+            and not self._prompt_between(said, j, k)
+            and self._repeats(transcript, said[j], normalize(said[j].text), said[k], text)
+        ):
             run, k = run + 1, j
             j = _previous_assistant(said, k)
         return run
@@ -172,6 +191,8 @@ class Monologue:
             if s.waiting:
                 self._decide(s, transcript, msg, actions)
             if msg.role != "assistant":
+                if self._new_request(msg):  # a new request: no same-text run goes on across it
+                    s.last, s.last_text, s.run = None, "", 0
                 continue
             text = normalize(msg.text)
             if (
@@ -202,7 +223,9 @@ class Monologue:
         answer = None
         if not msg.has_calls and nxt is not None and nxt.role == "user" and nxt.position == msg.position + 1:
             answer = nxt
-        if answer is not None:
+        if answer is not None and self._new_request(answer):  # a person asking again: no run
+            s.answer_run, s.last_answer = 0, ""
+        elif answer is not None:
             a_text = normalize(answer.text)
             s.answer_run = s.answer_run + 1 if a_text and a_text == s.last_answer else (1 if a_text else 0)
             s.last_answer = a_text
@@ -239,8 +262,11 @@ class Monologue:
             return False
         if self.answer_run(transcript) + 1 >= stop_at:
             return True
-        last = _previous_assistant(transcript.said, len(transcript.said))
-        return last is not None and self._last_run(transcript) + 1 >= stop_at
+        said = transcript.said
+        last = _previous_assistant(said, len(said))
+        if last is None or self._prompt_between(said, last, len(said)):
+            return False
+        return self._last_run(transcript) + 1 >= stop_at
 
     def answer_run(self, transcript: Transcript) -> int:
         """How many text-only replies in a row, each answered by the same user message, end the
@@ -256,7 +282,7 @@ class Monologue:
             if ans.position != reply.position + 1:
                 break
             text = normalize(ans.text)
-            if not text or (run and text != answer):
+            if not text or (run and text != answer) or self._new_request(ans):
                 break
             run, answer, k = run + 1, text, k - 2
         return run
@@ -268,8 +294,10 @@ class Monologue:
         text = normalize(text)
         if not text or not transcript.calls:
             return 0
-        last = next((m for m in reversed(transcript.said) if m.role == "assistant"), None)
-        if last is None or normalize(last.text) != text:
+        said = transcript.said
+        k = _previous_assistant(said, len(said))
+        last = said[k] if k is not None else None
+        if last is None or normalize(last.text) != text or self._prompt_between(said, k, len(said)):
             return 1
         if tuple(tools) != self._tools_of(transcript, last):
             return 1

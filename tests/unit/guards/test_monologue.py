@@ -122,6 +122,35 @@ def text_only(texts: list[str], answers: list[str], tools: bool = True) -> Histo
             id="plain_chat_continue_is_never_a_monologue",
         ),
         pytest.param(text_only([SAME] * 4, [HARNESS] * 4, False), {}, [], id="no_tool_calls_at_all_nothing"),
+        # a new request from the user is a boundary: answering each the same way is no monologue
+        pytest.param(
+            text_only(["Committed."] * 4, ["commit and continue"] * 4),
+            {},
+            [],
+            id="the_same_reply_to_each_new_request",
+        ),
+        pytest.param(
+            History()
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME)
+            .user("Now the docs.")
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME)
+            .user("Now the changelog.")
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME),
+            {},
+            [],
+            id="the_same_step_after_each_new_request",
+        ),
+        pytest.param(
+            History()
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME)
+            .user("continue")
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME)
+            .user("go on")
+            .step(("bash", {"command": "git status --short"}, ""), text=SAME),
+            {},
+            [(8, "user", 3)],
+            id="the_same_step_across_continuations",
+        ),
         pytest.param(
             text_only(["a", "b", "c"], ["Please fix x.", "Now y.", "And z."]), {}, [], id="ordinary_chat"
         ),
@@ -262,3 +291,13 @@ def test_a_text_only_reply_is_decided_when_the_message_after_it_is_read() -> Non
     state = g.begin()
     assert g.advance(state, t, None, 8) == []  # the third reply (7) is read, its answer (8) not
     assert [(a.after, a.count) for a in g.advance(state, t, None, 9)] == [(8, 3)]
+
+
+def test_a_new_request_is_never_the_start_of_a_stop() -> None:
+    """Four text-only replies, each answered by the same new request: nothing to stop; the same
+    with a harness's reply is the same-answer stop."""
+    asked = transcript(text_only(["Committed."] * 3, ["commit and continue"] * 3))
+    assert (guard().answer_run(asked), guard().stop_possible(asked)) == (0, False)
+    assert guard().stop_count(asked, "Committed.") == 1
+    harness = transcript(text_only(["Committed."] * 3, [HARNESS] * 3))
+    assert (guard().answer_run(harness), guard().stop_possible(harness)) == (3, True)
