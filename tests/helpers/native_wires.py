@@ -40,8 +40,9 @@ from typing import Any
 import orjson
 
 from proxy.dialects import anthropic_messages as am
+from proxy.dialects import gemini
 from proxy.dialects import openai_responses as orsp
-from tests.helpers import fake_messages, fake_responses
+from tests.helpers import fake_messages, fake_responses, gemini_contents
 from tests.helpers.corpus import ChatWire
 
 Message = dict[str, Any]
@@ -444,8 +445,220 @@ def _output_item(item: dict[str, Any], n: str) -> dict[str, Any]:
     return out
 
 
+# --- Gemini API ------------------------------------------------------------------------------------
+
+
+def _gemini_parts(content: Any) -> list[Any]:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return parts if isinstance(parts, list) else []
+
+
+def _is_response(part: Any) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("functionResponse"), dict)
+
+
+def _own_parts(parts: list[Any]) -> list[Any]:
+    """The parts of a ``user`` content that are not results (the user's own part, when it has one)."""
+    return [p for p in parts if not _is_response(p)]
+
+
+def _has_own_part(parts: list[Any]) -> bool:
+    own = any(isinstance(p, dict) and not gemini.USER_PARTS.isdisjoint(p) for p in parts)
+    return own or not any(_is_response(p) for p in parts)
+
+
+def trace_contents(contents: list[Any]) -> Traced:
+    """A Gemini ``contents`` list in chat form (module docstring): one chat message per slot of
+    :func:`proxy.dialects.gemini.slots`. A call without an ``id`` gets ``gemini-<content>-<n>``
+    (the API sends none; Gemini CLI does), and each result the chat id of the call the dialect
+    pairs it with (``id``, else name in the latest step, else the oldest waiting call there)."""
+    chat: list[Message] = []
+    units: list[list[int]] = []
+    starts: dict[int, int] = {}
+    waiting: list[tuple[str, str]] = []  # (chat id, name) of the latest step's calls without a result
+    for j, content in enumerate(contents):
+        role = content.get("role") if isinstance(content, dict) else None
+        parts = _gemini_parts(content)
+        got: list[Message] = []
+        if role == "model":
+            starts[len(chat)] = j
+            msg: Message = {"role": "assistant", "content": gemini.parts_text(parts)}
+            calls = [
+                p["functionCall"]
+                for p in parts
+                if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
+            ]
+            if calls:
+                waiting = []
+                msg["tool_calls"] = []
+                for n, fc in enumerate(calls):
+                    cid = fc.get("id") if isinstance(fc.get("id"), str) else f"gemini-{j}-{n}"
+                    name = fc.get("name") if isinstance(fc.get("name"), str) else ""
+                    args = fc.get("args") if fc.get("args") is not None else {}
+                    msg["tool_calls"].append(_call(cid, name, json.dumps(args, ensure_ascii=False)))
+                    waiting.append((cid, name))
+            got = [msg]
+        elif role in ("user", None):
+            for p in parts:
+                if not _is_response(p):
+                    continue
+                answer = p["functionResponse"]
+                text, failed = gemini.result_text(answer.get("response"))
+                pick = [w for w in waiting if w[0] == answer.get("id")]
+                pick = pick or [w for w in waiting if w[1] == answer.get("name")] or waiting[:1]
+                if pick:
+                    waiting.remove(pick[0])
+                tm: Message = {"role": "tool", "tool_call_id": pick[0][0] if pick else None, "content": text}
+                if failed:
+                    tm["is_error"] = True
+                got.append(tm)
+            if _has_own_part(parts):
+                got.append({"role": "user", "content": gemini.parts_text(_own_parts(parts))})
+        else:  # a role the API does not have: a slot the guards do not read
+            got = [{"role": "system", "content": gemini.parts_text(parts)}]
+        units.append(list(range(len(chat), len(chat) + len(got))))
+        chat += got
+    return Traced(chat, units, starts)
+
+
+def _responses_of(content: Any) -> list[Any]:
+    return [
+        (p["functionResponse"].get("id"), p["functionResponse"].get("name"))
+        for p in _gemini_parts(content)
+        if _is_response(p)
+    ]
+
+
+def _content_corresponds(a: Any, s: dict[str, Any]) -> bool:
+    """Arrived content ``a`` is sent ``user`` content ``s`` with edits (not one the proxy inserted)."""
+    if not isinstance(a, dict) or a.get("role") != s.get("role") or s.get("role") not in ("user", None):
+        return False
+    if _responses_of(s):
+        return _responses_of(a) == _responses_of(s)
+    before = gemini.parts_text(_gemini_parts(s))
+    return bool(before) and gemini.parts_text(_gemini_parts(a)).startswith(before)
+
+
+def contents_back(traced: Traced, sent: list[Any], arrived: list[Any]) -> list[Message]:
+    """What reached the upstream (``arrived``, the sent ``contents`` after the proxy) as chat: a
+    result whose ``response`` changed is its message with the new text; text parts added to a
+    content holding the user's own part are appended to it; a text part added to a results
+    content, or a content that was not sent, is a reminder (a user message with its text)."""
+    out: list[Message] = []
+    s = 0
+    for a in arrived:
+        if s < len(sent) and a == sent[s]:
+            out += [traced.chat[c] for c in traced.units[s]]
+            s += 1
+        elif s < len(sent) and _content_corresponds(a, sent[s]):
+            units = traced.units[s]
+            parts = _gemini_parts(a)
+            sent_parts = [p for p in _gemini_parts(sent[s]) if _is_response(p)]
+            b = 0
+            for p in parts:
+                if _is_response(p):
+                    orig = traced.chat[units[b]]
+                    same = p == sent_parts[b]
+                    text = gemini.result_text(p["functionResponse"].get("response"))[0]
+                    out.append(orig if same else {**orig, "content": text})
+                    b += 1
+            if _has_own_part(_gemini_parts(sent[s])):
+                orig = traced.chat[units[-1]]
+                text = gemini.parts_text(_own_parts(parts))
+                out.append(orig if text == orig["content"] else {**orig, "content": text})
+            else:
+                out += [{"role": "user", "content": gemini.parts_text([p])} for p in _own_parts(parts)]
+            s += 1
+        else:  # a content that was not sent: a reminder
+            out.append({"role": "user", "content": gemini.parts_text(_gemini_parts(a))})
+    return out
+
+
+class GeminiNative(ChatWire):
+    """A Gemini CLI body (``fixture["native"]``: ``model``, ``contents``, ``tools``, and
+    ``systemInstruction`` / ``generationConfig`` when recorded) on ``POST
+    /v1beta/models/<model>:generateContent``, or ``:streamGenerateContent?alt=sse`` for SSE (the
+    model is in the path, not the body)."""
+
+    name = "gemini-native"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.body: dict[str, Any] = fixture["native"]
+        self.native: list[Any] = self.body.get("contents") or []
+        self.traced = trace_contents(self.native)
+        model = str(self.body.get("model") or "gemini")
+        self.path = f"/v1beta/models/{model}:generateContent"
+
+    def url_path(self, stream: bool) -> str:
+        return (
+            self.path.replace(":generateContent", ":streamGenerateContent?alt=sse") if stream else self.path
+        )
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"contents": self.native[: self.traced.starts[i]]}
+        for member in ("systemInstruction", "tools", "toolConfig", "generationConfig"):
+            if self.body.get(member) is not None:
+                body[member] = self.body[member]
+        return body
+
+    def answer(self, i: int, message: dict[str, Any], stream: bool) -> bytes | list[bytes]:
+        content = self.native[self.traced.starts[i]]
+        if stream:
+            return gemini_contents.answer_events(content)
+        return orjson.dumps(gemini_contents.answer_object(content))
+
+    def arrived(self, i: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        contents = body.get("contents")
+        return contents_back(
+            self.traced, self.native[: self.traced.starts[i]], contents if isinstance(contents, list) else []
+        )
+
+    def received(self, raw: bytes, stream: bool) -> tuple[list[str | None], str]:
+        return gemini_contents.received_content(raw, stream)
+
+
+# --- Chat Completions ------------------------------------------------------------------------------
+
+
+def trace_chat(messages: list[Any]) -> Traced:
+    """A Chat Completions ``messages`` list: its chat form is itself (one unit per message)."""
+    chat = [m if isinstance(m, dict) else {"role": None, "content": m} for m in messages]
+    starts = {k: k for k, m in enumerate(chat) if m.get("role") == "assistant"}
+    return Traced(chat, [[k] for k in range(len(chat))], starts)
+
+
+class ChatNative(ChatWire):
+    """An OpenCode body (``fixture["native"]``: ``model``, ``messages``, ``tools``) on ``POST
+    /v1/chat/completions``, as OpenCode sends it to an OpenAI-compatible provider; the answers
+    and the reading back are the corpus's chat ones (:class:`tests.helpers.corpus.ChatWire`)."""
+
+    name = "chat-native"
+
+    def __init__(self, fixture: dict[str, Any]) -> None:
+        super().__init__(fixture)
+        self.body: dict[str, Any] = fixture["native"]
+        self.tools = self.body.get("tools")
+
+    def request(self, i: int, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.body.get("model") or "gpt-5", "messages": self.messages[:i]}
+        if self.tools:
+            body["tools"] = self.tools
+        body["stream"] = stream
+        return body
+
+
 #: The wire per ``dialect`` of a session file.
 NATIVE_WIRES: dict[str, type[ChatWire]] = {
     "anthropic_messages": MessagesNative,
     "openai_responses": ResponsesNative,
+    "gemini_generate_content": GeminiNative,
+    "openai_chat": ChatNative,
+}
+#: Per ``dialect``: the body member that holds the conversation, and how it reads as chat.
+NATIVE_HISTORY: dict[str, tuple[str, Any]] = {
+    "anthropic_messages": ("messages", trace_messages),
+    "openai_responses": ("input", trace_items),
+    "gemini_generate_content": ("contents", trace_contents),
+    "openai_chat": ("messages", trace_chat),
 }
