@@ -122,7 +122,8 @@ class CircuitBreakerConfig:
             )
         if self.waste_window and self.waste_limit > self.waste_window:
             yield ConfigError(
-                f"{path}.waste_limit", f"must be <= waste_window ({self.waste_window}), got {self.waste_limit}"
+                f"{path}.waste_limit",
+                f"must be <= waste_window ({self.waste_window}), got {self.waste_limit}",
             )
         yield from checks.template(self.deny_message, DENY_PLACEHOLDERS, f"{path}.deny_message")
 

@@ -6,11 +6,11 @@
   about (None for reminders about text or time), read by the escalation ladder.
 - :class:`Withhold` replaces the content of the tool result at message index ``position`` (only
   the text inside its ``part``-th ``<tool_response>`` block when ``part`` is set);
-  ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``
-  or ``"cap"``), for stats and the incident log.
+  ``reason`` names the kind of denial where a rule has several (circuit_breaker: ``"duplicate"``,
+  ``"waste"`` or ``"cap"``), for stats and the incident log.
 - :class:`Stop` (response side) ends the agent's turn; ``reason`` is ``"denials"`` (a call the
-  guards would deny after ignored denials), ``"cap"`` (the lifetime cap), ``"monologue"`` or
-  ``"escalation"`` (a call the escalation ladder withholds again).
+  guards would deny after ignored denials), ``"cap"`` (the volume cap), ``"waste"`` (the waste
+  cap), ``"monologue"`` or ``"escalation"`` (a call the escalation ladder withholds again).
 - :class:`Cut` (response side) shortens a response: ``rule`` ``"runaway"`` (``reason`` ``"calls"``
   or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).

@@ -354,8 +354,8 @@ def kind_of(
 #: ("No files found"), Gemini CLI and Qwen Code ``search_file_content``/``glob`` ("No matches found
 #: for pattern …", "No files found matching pattern …"), and counts of zero ("Found 0 matches").
 NOTHING_FOUND = re.compile(
-    r"\A\s*(?:\Z|No (?:files|matches|results|match|file)(?: were)? found\b|Found 0 (?:files|matches|results)\b"
-    r"|0 (?:files|matches|results)(?: found)?\b)",
+    r"\A\s*(?:\Z|No (?:files|matches|results|match|file)(?: were)? found\b"
+    r"|Found 0 (?:files|matches|results)\b|0 (?:files|matches|results)(?: found)?\b)",
     re.IGNORECASE,
 )
 

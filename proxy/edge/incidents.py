@@ -1,6 +1,6 @@
 """Incident records (DESIGN §6.2): one per conversation and kind.
 
-An *incident* is the first circuit-breaker denial of a kind (``duplicate``, ``cap``) or the first
+An *incident* is the first circuit-breaker denial of a kind (``duplicate``, ``waste``, ``cap``) or the first
 response-side stop (kind ``stop``, :mod:`proxy.response.decide`) in a conversation, recorded once, when it
 is decided. Which actions qualify is derived from the request alone (:func:`first_fresh_denials`):
 the action must be fresh (it concerns the newest step) and no earlier action of that kind may exist
@@ -77,7 +77,7 @@ STOP_KIND = "stop"
 
 
 def incident_kind(a: Action) -> str | None:
-    """``duplicate``/``cap`` for a circuit-breaker denial, ``stop`` for a stop, else None."""
+    """``duplicate``/``waste``/``cap`` for a circuit-breaker denial, ``stop`` for a stop, else None."""
     if isinstance(a, Withhold) and a.rule == RULE:
         return a.reason
     if isinstance(a, Stop):

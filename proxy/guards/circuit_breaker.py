@@ -146,7 +146,11 @@ class CircuitBreaker:
         """What a result is, for the waste cap: the tool, the error flag and a digest of the
         masked text (a digest, not Python's ``hash``: verdicts must not depend on the process)."""
         text = mask(result.text, self._situations.masks)
-        return call_name, result.is_error, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        return (
+            call_name,
+            result.is_error,
+            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+        )
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         return self.advance(self.begin(), transcript, ctx, transcript.message_count)

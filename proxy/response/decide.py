@@ -270,7 +270,11 @@ class StopJudge:
     @staticmethod
     def enabled(cfg: Config) -> bool:
         breaker = cfg.guards.circuit_breaker
-        cap = cfg.stop.on_cap and breaker.enabled and (breaker.max_calls_per_agent > 0 or breaker.waste_window > 0)
+        cap = (
+            cfg.stop.on_cap
+            and breaker.enabled
+            and (breaker.max_calls_per_agent > 0 or breaker.waste_window > 0)
+        )
         monologue = cfg.guards.monologue.enabled and cfg.guards.monologue.stop_at > 0
         ladder = cfg.guards.escalation.enabled and cfg.guards.escalation.stop
         return cfg.stop.after_ignored_denials > 0 or cap or monologue or ladder

@@ -202,7 +202,7 @@ def test_cap_5_sixth_call_denied_across_user_message_with_cap_text() -> None:
 
 
 def test_the_cap_counts_the_calls_since_the_users_last_request_by_default() -> None:
-    """"keep going" continues the work (the cap goes on across it); a new request starts afresh."""
+    """ "keep going" continues the work (the cap goes on across it); a new request starts afresh."""
     messages = conversation(letters("A B C u D E F P G H I J K"))
     actions = run(messages, max_calls_per_agent=5)
     assert [(a.call_id, a.reason, a.count, a.limit) for a in actions] == [("c6", "cap", 6, 5)]
@@ -278,7 +278,9 @@ def test_six_hundred_diverse_calls_on_one_request_are_untouched() -> None:
 
 def drifting(n: int, result: str = "No results found.") -> list[dict[str, Any]]:
     """``n`` searches, each with new arguments, each getting the same result."""
-    return conversation([("web_search", {"query": f"weather in shanghai today {k}"}) for k in range(n)], result)
+    return conversation(
+        [("web_search", {"query": f"weather in shanghai today {k}"}) for k in range(n)], result
+    )
 
 
 def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_80th_waste_on() -> None:
@@ -288,11 +290,15 @@ def test_drifting_searches_that_bring_nothing_new_are_withheld_from_the_80th_was
     assert [a.call_id for a in actions] == [f"c{k}" for k in range(81, 121)]
     assert [a.count for a in actions] == [*range(80, 100), *[100] * 20]
     assert {(a.reason, a.limit, a.tool) for a in actions} == {("waste", 100, "web_search")}
-    assert actions[0].text == WASTE_TEXT.format(count=80, limit=100) == (
-        "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
-        "and neither did 80 of your last 100 tool calls (the same results again, with nothing "
-        "changed in between). You are going round in circles. Stop calling tools: tell the user what you "
-        "have found, what is blocking you, and what you need from them."
+    assert (
+        actions[0].text
+        == WASTE_TEXT.format(count=80, limit=100)
+        == (
+            "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
+            "and neither did 80 of your last 100 tool calls (the same results again, with nothing "
+            "changed in between). You are going round in circles. Stop calling tools: tell the user what you "
+            "have found, what is blocking you, and what you need from them."
+        )
     )
     assert run(messages, waste_window=0) == []
     assert [a.call_id for a in run(messages, waste_window=10, waste_limit=9)] == [

@@ -116,7 +116,10 @@ def guard(**settings: Any) -> RepeatedFailure:
             id="failed_reads_of_different_files",
         ),
         pytest.param(
-            [("read", {"filePath": "/r/a.ts", "offset": k}, "Error: File not found: /r/a.ts") for k in (0, 10, 20)],
+            [
+                ("read", {"filePath": "/r/a.ts", "offset": k}, "Error: File not found: /r/a.ts")
+                for k in (0, 10, 20)
+            ],
             {},
             [("remind", 3, 3)],
             id="failed_reads_of_one_file",

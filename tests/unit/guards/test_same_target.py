@@ -101,7 +101,9 @@ HISTORIES = {
         [],
     ),
     "globs_with_different_patterns_finding_nothing": (
-        History().steps([glob(p, "No files found") for p in ("**/*.cfg", "**/config.*", "src/**/set*", "*.ini")]),
+        History().steps(
+            [glob(p, "No files found") for p in ("**/*.cfg", "**/config.*", "src/**/set*", "*.ini")]
+        ),
         [],
     ),
     "claude_code_greps_finding_nothing": (
@@ -113,7 +115,11 @@ HISTORIES = {
     "gemini_searches_finding_nothing": (
         History().steps(
             [
-                ("search_file_content", {"pattern": p, "path": "/r"}, f'No matches found for pattern "{p}" in path "/r".')
+                (
+                    "search_file_content",
+                    {"pattern": p, "path": "/r"},
+                    f'No matches found for pattern "{p}" in path "/r".',
+                )
                 for p in ("foo", "bar", "baz")
             ]
         ),

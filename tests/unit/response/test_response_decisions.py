@@ -17,8 +17,8 @@ from proxy.guards.circuit_breaker import DUPLICATE_TEXT
 from proxy.response.assemble import AssembledCall
 from proxy.response.decide import (
     CAP_TEXT,
-    EPISODE_CAP_TEXT,
     DENIALS_TEXT,
+    EPISODE_CAP_TEXT,
     StopJudge,
     decide_json,
     earlier_stops,
@@ -147,14 +147,20 @@ def test_the_cap_counts_per_request_by_default() -> None:
     stop = judge_for(distinct_calls(5), CAP_CONFIG)([call()])
     assert stop is not None
     assert (stop.reason, stop.tool, stop.count, stop.limit) == ("cap", "read_file", 6, 5)
-    assert stop.text == EPISODE_CAP_TEXT.format(limit=5, tool="read_file") == (
-        "[loopguard] Stopped: the model reached loopguard's limit of 5 tool calls for this request "
-        "(it wanted to call read_file again), so loopguard ended its turn here; that call was not run. "
-        "Send a message to continue."
+    assert (
+        stop.text
+        == EPISODE_CAP_TEXT.format(limit=5, tool="read_file")
+        == (
+            "[loopguard] Stopped: the model reached loopguard's limit of 5 tool calls for this request "
+            "(it wanted to call read_file again), so loopguard ended its turn here; that call was not run. "
+            "Send a message to continue."
+        )
     )
     done = [*distinct_calls(5), {"role": "assistant", "content": "done"}]
     # a new request starts the count afresh; "continue" is none
-    assert judge_for([*done, {"role": "user", "content": "Now the other module"}], CAP_CONFIG)([call()]) is None
+    assert (
+        judge_for([*done, {"role": "user", "content": "Now the other module"}], CAP_CONFIG)([call()]) is None
+    )
     stop = judge_for([*done, {"role": "user", "content": "continue"}], CAP_CONFIG)([call()])
     assert stop is not None and (stop.reason, stop.count) == ("cap", 6)
 
@@ -171,7 +177,9 @@ def test_stop_when_the_calls_stopped_bringing_anything_new() -> None:
         "that last call was not run. Send a message to continue."
     )
     assert judge_for(distinct_calls(81), {"stop": {"on_cap": False}})([call()]) is None
-    assert judge_for(distinct_calls(81), {"guards": {"circuit_breaker": {"waste_window": 0}}})([call()]) is None
+    assert (
+        judge_for(distinct_calls(81), {"guards": {"circuit_breaker": {"waste_window": 0}}})([call()]) is None
+    )
 
 
 def test_cap_stop_can_be_turned_off() -> None:
