@@ -2,13 +2,17 @@
 
 Rules, per turn (calls after a user message):
 - **Failing on one target**: a tool on one target (:mod:`proxy.core.targets`; a call without a target
-  is on the tool itself) whose last ``failures`` (3) calls in the turn all failed
-  (:mod:`proxy.core.failures`, the ``turn_guard.failure_patterns``); the arguments may differ (a
-  truncated edit retried with a different tail). A success of that tool on that target resets
-  the run; calls on other targets in between do not. The reminder fires once, when the run
-  reaches ``failures``, and quotes the error's first line: the first line at the result's edges
-  that a failure pattern matches, else its first non-blank line. A call that is an exact repeat
-  of a failed call gets none (the re-issue reminder below, and ``repeat_reminder``, cover it).
+  is on the tool itself) whose last ``failures`` (3) calls in the turn all failed the same way
+  (:mod:`proxy.core.failures`, the ``turn_guard.failure_patterns``; the same error line, masked:
+  the line quoted below); the arguments may differ (a truncated edit retried with a different
+  tail). A success of that tool on that target resets the run; calls on other targets in between
+  do not. A failure with another error starts the run again at 1: an agent whose attempts fail
+  each in a new way is finding things out (a burst of different failures it is already leaving),
+  and the text's claim that trying again the same way will fail the same way would not hold.
+  The reminder fires once, when the run reaches ``failures``, and quotes the error's first line:
+  the first line at the result's edges that a failure pattern matches, else its first non-blank
+  line. A call that is an exact repeat of a failed call gets none (the re-issue reminder below,
+  and ``repeat_reminder``, cover it).
 - **Re-issuing a failed call** (``reissue``): a call identical (tool and canonical arguments,
   ``ignore_args`` dropped) to the previous such call in the turn, whose result failed or was a
   user rejection (``rejection_patterns``, searched in the result's edges), that got the same
@@ -41,7 +45,7 @@ from proxy.core.failures import (
     edge_text,
 )
 from proxy.core.memo import Memo
-from proxy.core.progress import RepeatJudge
+from proxy.core.progress import RepeatJudge, mask
 from proxy.core.targets import TargetRule, call_on
 from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.guards.repeat_reminder import preview
@@ -163,10 +167,18 @@ class RepeatedFailure:
         for seq in s.waiting.pop(on, ()):
             earlier = self._failures(calls[seq].result)
             if earlier is True:
-                s.runs[on] = s.runs.get(on, 0) + 1
+                self._count_failure(s, on, calls[seq].result)
             elif earlier is False:
                 s.runs[on] = 0
         return self._failures(call.result)
+
+    def _count_failure(self, s: FailureState, on: tuple[str, str | None], result: ToolResult | None) -> None:
+        """One more failure on ``on``: the run goes on when it failed the same way as the one
+        before (its error line, masked), else it starts again at 1."""
+        error = mask(self.error_line(result), self._situations.masks)
+        same = s.runs.get(on, 0) > 0 and s.errors.get(on) == error
+        s.runs[on] = s.runs[on] + 1 if same else 1
+        s.errors = {**s.errors, on: error}
 
     def advance(self, state: FailureState, transcript: Transcript, ctx: object, upto: int) -> list[Action]:
         """Read the calls before message position ``upto`` that ``state`` has not read
@@ -182,12 +194,12 @@ class RepeatedFailure:
             if turn != s.turn:  # a new turn: its runs start over
                 s.turn = turn
                 s.judge = RepeatJudge(self._situations.masks, s.epochs)
-                s.runs, s.last, s.counts, s.waiting = {}, {}, {}, {}
+                s.runs, s.last, s.counts, s.waiting, s.errors = {}, {}, {}, {}, {}
             on = self._on(call)
             where = on[1]
             failed = self._failed(s, calls, call, on)
             if failed is True:
-                s.runs[on] = s.runs.get(on, 0) + 1
+                self._count_failure(s, on, call.result)
             elif failed is False:
                 s.runs[on] = 0
             key = (call.name, canonical_arguments(call.arguments, call.arguments_raw, self._ignore))
@@ -234,13 +246,14 @@ class RepeatedFailure:
 class FailureState:
     """What :class:`RepeatedFailure` has read: the next call (``next``, a ``seq``), the episode
     counter and, with ``reissue``, the situation counter; and of the current turn (``turn``, its
-    episode): the ``judge`` of repeats, per tool/target (``on``) its run of failures (``runs``),
+    episode): the ``judge`` of repeats, per tool/target (``on``) its run of failures (``runs``)
+    and the error line of the last one (``errors``),
     its calls so far (``counts``) and the calls not classified yet (``waiting``, by ``seq``), and
     per call key (tool, canonical arguments) its last call (``seq``), the length of its run of
     bad results and whether that run was reminded (``last``). Mutable; :meth:`copy` is
     independent."""
 
-    __slots__ = ("counts", "episodes", "epochs", "judge", "last", "next", "runs", "turn", "waiting")
+    __slots__ = ("counts", "episodes", "epochs", "errors", "judge", "last", "next", "runs", "turn", "waiting")
 
     def __init__(self, episodes: EpisodeCounter, epochs: EpochCounter | None, judge: RepeatJudge) -> None:
         self.episodes = episodes
@@ -252,11 +265,14 @@ class FailureState:
         self.counts: dict[tuple[str, str | None], int] = {}
         self.waiting: dict[tuple[str, str | None], tuple[int, ...]] = {}
         self.last: dict[tuple[str, str], tuple[int, int, bool]] = {}
+        #: per tool/target, the masked error line of its last failure (replaced, never changed in
+        #: place: a copy shares it)
+        self.errors: dict[tuple[str, str | None], str] = {}
 
     def copy(self) -> FailureState:
         epochs = self.epochs.copy() if self.epochs is not None else None
         out = FailureState(self.episodes.copy(), epochs, self.judge.copy(epochs))
         out.next, out.turn = self.next, self.turn
         out.runs, out.counts, out.last = dict(self.runs), dict(self.counts), dict(self.last)
-        out.waiting = dict(self.waiting)
+        out.waiting, out.errors = dict(self.waiting), self.errors
         return out

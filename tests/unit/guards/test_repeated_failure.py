@@ -108,6 +108,41 @@ def guard(**settings: Any) -> RepeatedFailure:
             [("remind", 2, 2)],
             id="description_ignored",
         ),
+        # failing in a new way each time is finding things out, not failing the same way again
+        pytest.param(
+            [
+                ("bash", {"command": "make", "description": d}, e)
+                for d, e in [
+                    ("build", "make: *** No rule to make target 'all'. Stop."),
+                    ("build the lib", "Makefile:3: *** missing separator. Stop."),
+                    ("build again", "cc: error: main.c: No such file or directory"),
+                ]
+            ],
+            {},
+            [],
+            id="three_different_failures",
+        ),
+        pytest.param(
+            [
+                diff("a"),
+                diff("ab", "ERROR: apply_diff failed: line 3 is out of range"),
+                diff("abc"),
+                diff("abcd"),
+            ],
+            {},
+            [],
+            id="another_error_starts_the_run_again",
+        ),
+        pytest.param(
+            [
+                diff("a"),
+                diff("ab", "ERROR: apply_diff failed: line 3 is out of range"),
+                *[diff(t) for t in "xyz"],
+            ],
+            {},
+            [("remind", 5, 3)],
+            id="the_same_error_three_times_after_another",
+        ),
         # OpenCode names the file it reads filePath: reads of three missing files are three targets
         pytest.param(
             [("read", {"filePath": f"/r/{f}.ts"}, f"Error: File not found: /r/{f}.ts") for f in "abc"],
