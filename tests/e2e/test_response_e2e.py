@@ -73,22 +73,32 @@ async def test_without_the_stop_the_loop_runs_to_max_steps(upstream: FakeUpstrea
     assert all(m.get("tool_calls") for m in messages if m["role"] == "assistant")
 
 
+@pytest.mark.parametrize(
+    ("scope", "again", "count"),
+    [
+        # a new request is a boundary: the same loop is counted afresh and stopped at its 9th call
+        ("episode", 9, 9),
+        # the seed's scope: the duplicates count on, so calls 9 and 10 run (both withheld from the
+        # model as duplicates) and the third answer is stopped again
+        ("conversation", 3, 11),
+    ],
+)
 async def test_user_continues_after_a_stop_guarded_afresh_and_one_incident(
-    upstream: FakeUpstream, sdk, tmp_path: Path
+    upstream: FakeUpstream, sdk, tmp_path: Path, scope: str, again: int, count: int
 ) -> None:
     path = tmp_path / "incidents.jsonl"
+    breaker = {"incident_log": str(path), "scope": scope}
     client = await sdk(
-        {"guards": {"circuit_breaker": {"incident_log": str(path)}, "escalation": {"enabled": False}}},
+        {"guards": {"circuit_breaker": breaker, "escalation": {"enabled": False}}},
         **{"x-session-id": "s1"},
     )
     messages, steps, _ = await agent_loop(client, stream=True)
     assert steps == 9
     messages.append({"role": "user", "content": "Please try once more."})
     messages, steps, finish = await agent_loop(client, stream=True, messages=messages)
-    # The new turn starts with no withheld result: calls 9 and 10 run (both withheld from the
-    # model as duplicates), the third answer is stopped again.
-    assert (steps, finish) == (3, "stop")
-    assert messages[-1]["content"] == DENIALS_TEXT.format(tool="read_file", count=11, denials=2)
+    # The new turn starts with no withheld result
+    assert (steps, finish) == (again, "stop")
+    assert messages[-1]["content"] == DENIALS_TEXT.format(tool="read_file", count=count, denials=2)
     snap = await snapshot(client.base)
     assert snap["stops"] == 2
     for _ in range(200):
