@@ -20,10 +20,11 @@ Rules:
     ``ignore_args`` dropped) are already among the last ``window`` executed calls;
   - ``waste``: when it brings nothing new and, with it, at least ``waste_limit`` of the scope's
     last ``waste_window`` calls brought nothing new (the waste cap: a runaway is told by what its
-    calls bring, not by how many there are). A call brings nothing new when its result (masked,
-    :mod:`proxy.core.progress`; with its error flag) is one the scope already got from the same tool,
-    whatever the arguments, with nothing in between that changed the situation, and the call
-    itself changed nothing (:mod:`proxy.core.effects`; a novel successful edit or command is new).
+    calls bring, not by how many there are). A call brings nothing new when it changed nothing
+    (:mod:`proxy.core.effects`; a novel successful edit or command is new) and its result is one the
+    scope already got, with nothing in between that changed the situation: the same as its key's
+    previous result (masked, :mod:`proxy.core.progress`; progress-aware), or the very same text
+    (and error flag) the same tool returned for any arguments.
     A call whose result is not known (the response side's look-ahead) is denied when the scope's
     last calls already reached the limit. Waits (:mod:`proxy.core.waits`) never enter the window.
   Checked in that order (cap, duplicate, waste): a denial has one kind.
@@ -62,7 +63,6 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter, deque
 
 from proxy.config import CircuitBreakerConfig
@@ -71,7 +71,7 @@ from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EpochCounter, Situations
 from proxy.core.episodes import EpisodeCounter
 from proxy.core.patterns import NamePatterns
-from proxy.core.progress import RepeatJudge, mask, same_result
+from proxy.core.progress import RepeatJudge, same_result
 from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
@@ -142,16 +142,6 @@ class CircuitBreaker:
         episodes = self._situations.episode_counter() if cfg.scope == "episode" else None
         return BreakerState(judge, epochs, episodes)
 
-    def _result_id(self, call_name: str, result: ToolResult) -> tuple[str, bool, bytes]:
-        """What a result is, for the waste cap: the tool, the error flag and a digest of the
-        masked text (a digest, not Python's ``hash``: verdicts must not depend on the process)."""
-        text = mask(result.text, self._situations.masks)
-        return (
-            call_name,
-            result.is_error,
-            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
-        )
-
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         return self.advance(self.begin(), transcript, ctx, transcript.message_count)
 
@@ -188,7 +178,8 @@ class CircuitBreaker:
                 s.epochs.add(call)
             # progress: the key was seen before, but the result is new or the situation changed
             # in between (a first call never is)
-            progress = judge is not None and not judge.repeats(key, call.result, index) and key in s.seen
+            repeat = judge is not None and judge.repeats(key, call.result, index) and key in s.seen
+            progress = judge is not None and not repeat and key in s.seen
             known = call.result is not None and not call.result.pending
             if judge is not None and known:
                 assert call.result is not None
@@ -200,7 +191,7 @@ class CircuitBreaker:
                         s.in_window[key] = 0
             if not progress:
                 s.seen[key] += 1
-            wasted = self._waste(s, call, index) if waste_window else None
+            wasted = self._waste(s, call, index, repeat) if waste_window else None
             if cap and s.executed >= cap:
                 kind, count, limit = CAP, s.in_scope, cap
             elif not progress and s.in_window[key] >= cfg.duplicate_limit:
@@ -235,23 +226,28 @@ class CircuitBreaker:
             )
         return actions
 
-    def _waste(self, s: BreakerState, call: ToolCall, index: int) -> bool | None:
-        """Whether ``call`` (guarded, not a wait, the ``index``-th added to ``s.epochs``) brought
-        nothing new, entered into the waste window; None (and not entered) when its result is not
-        known."""
+    def _waste(self, s: BreakerState, call: ToolCall, index: int, repeat: bool) -> bool | None:
+        """Whether ``call`` (guarded, not a wait, the ``index``-th added to ``s.epochs``; ``repeat``:
+        the judge found it repeating the scope's previous call with its key) brought nothing new,
+        entered into the waste window; None (and not entered) when its result is not known.
+
+        Nothing new: the call changed nothing, and either it repeats its key's previous call (the
+        same result masked, nothing changed in between) or the scope got this very result from
+        this tool before with nothing changed since. Results of other arguments are compared as
+        they are, not masked: a result is read once, kept by reference, and compared by its
+        (cached) hash, so a long history costs no masking of every result."""
         result = call.result
         if result is None or result.pending:
             return None
         assert s.epochs is not None
         before, after = s.epochs.before[index], s.epochs.after[index]
-        rid = self._result_id(call.name, result)
-        last = s.results.get(rid)
-        # nothing new: the scope got this result from this tool before, nothing changed since,
-        # and this call changed nothing either
-        wasted = last is not None and last == before and after == before
-        if not s.own_results:
-            s.results, s.own_results = dict(s.results), True
-        s.results[rid] = after
+        got = (call.name, result.is_error, result.text)
+        last = s.results.get(got)
+        wasted = after == before and (repeat or last == before)
+        if last != after:
+            if not s.own_results:
+                s.results, s.own_results = dict(s.results), True
+            s.results[got] = after
         s.waste.append(wasted)
         s.wasted += wasted
         if len(s.waste) > self._cfg.waste_window:
@@ -268,7 +264,7 @@ class BreakerState:
     (``in_window``), the non-progress calls per key (``seen``), each key's last different results
     (``distinct``, at most :data:`NOVEL_AMONG`, oldest first; tuples, so a copy shares them), the
     waste window (``waste``: per recent call, it brought nothing new; ``wasted`` how many did) and
-    per result got (tool, error flag, digest) the situation number after it was last got
+    per result got (tool, error flag, text) the situation number after it was last got
     (``results``; shared by copies until one changes it). Progress-aware, the judge; with either,
     the situation counter; in episode scope, the episode counter. Mutable; :meth:`copy` is
     independent."""
@@ -319,7 +315,7 @@ class BreakerState:
         self.distinct: dict[tuple[str, str], tuple[ToolResult, ...]] = {}
         self.waste: deque[bool] = deque()
         self.wasted = 0
-        self.results: dict[tuple[str, bool, bytes], int] = {}
+        self.results: dict[tuple[str, bool, str], int] = {}
         self.own_results = True
 
     def copy(self) -> BreakerState:
