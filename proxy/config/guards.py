@@ -92,7 +92,8 @@ class CircuitBreakerConfig:
     is none: progress.continuation_patterns); conversation: every call of the conversation, user
     messages never reset them (the seed)."""
     waste_window: Annotated[Int, Bound(ge=2, off=True)] = 100
-    """The waste cap looks at this many of the scope's most recent executed calls. 0 = no waste cap."""
+    """The waste cap looks at this many of the scope's most recent calls (waits never count).
+    0 = no waste cap."""
     waste_limit: AtLeast1 = 80
     """The waste cap trips when at least this many of the last `waste_window` calls brought nothing
     new (a result the scope had already got from the same tool, and no change); <= waste_window."""
