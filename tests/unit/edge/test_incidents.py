@@ -75,6 +75,7 @@ def withhold(reason: str, fresh: bool, rule: str = "circuit_breaker", count: int
         ([withhold("duplicate", True), withhold("duplicate", True, count=8)], [("duplicate", 7)]),
         ([withhold("duplicate", False), withhold("cap", True, count=301)], [("cap", 301)]),
         ([withhold("cap", True, count=9), withhold("duplicate", True)], [("cap", 9), ("duplicate", 7)]),
+        ([withhold("waste", True, count=80), withhold("waste", True, count=81)], [("waste", 80)]),
         ([withhold("duplicate", True, rule="turn_guard")], []),
         ([Remind(3, "r", "repeat_reminder", "bash", 3, 3, True)], []),
     ],
