@@ -73,6 +73,8 @@ class ResponseConfig:
     """An answer with more tool calls is cut to the first ones and the upstream request closed."""
     max_identical_per_response: Annotated[Int, Bound(ge=0, note="0 = no limit")] = 2
     """An answer with more identical calls that may change state is cut before the first over it."""
+    max_identical_reads_per_response: Annotated[Int, Bound(ge=0, note="0 = no limit")] = 4
+    """An answer with more identical read-only calls is cut before the first over it."""
     degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
     """Cut an answer whose streamed text ends in one span repeated."""
     repair_text_tool_calls: Bool = True

@@ -351,7 +351,12 @@ def _plan(
 def _cuts(cfg: Config) -> bool:
     """The runaway or degenerate-text checks are on (they read any answer)."""
     r = cfg.response
-    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
+    return bool(
+        r.max_calls_per_response
+        or r.max_identical_per_response
+        or r.max_identical_reads_per_response
+        or r.degenerate_text.enabled
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):

@@ -24,11 +24,12 @@
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
   ignored) that may change state (:meth:`proxy.core.effects.EffectRule.may_change`, the config's
-  ``progress`` effects) beyond ``max_identical_per_response``; that call and everything after it
-  are dropped. A read-only call repeated in one answer changes nothing and costs the agent one
-  more read, while a cut drops every call after it (DESIGN §2.2), so identical reads are bounded
-  by ``max_calls_per_response`` only. The stream relay applies the same rule as calls complete,
-  so JSON and SSE agree.
+  ``progress`` effects) beyond ``max_identical_per_response``, or an identical read-only call
+  beyond ``max_identical_reads_per_response``; that call and everything after it are dropped. A
+  read-only call repeated in one answer changes nothing and costs the agent one more read, while
+  a cut drops every call after it (DESIGN §2.2), so identical reads get the higher bound: a few
+  parallel copies pass, a model emitting the same read until its length limit is cut. The
+  stream relay applies the same rule as calls complete, so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
 - **Repair** (:mod:`proxy.response.repair`): calls the model wrote as text become
   structured calls before the two decisions above, which then judge them like any others.
@@ -319,15 +320,20 @@ def runaway_cut(
     """The runaway rule over the first ``complete`` calls (all by default), plus the count limit
     over all of them. Returns a :class:`Cut` whose ``count`` is the number of calls kept, or None.
 
-    Only calls that may change state (``effects``: the config's, :func:`effects_of`) count toward
-    ``max_identical_per_response``: the same edit or command three times in one answer is the
-    runaway, the same read three times is not (it stays bounded by ``max_calls_per_response``)."""
+    Identical calls (same name and canonical arguments) that may change state (``effects``: the
+    config's, :func:`effects_of`) count toward ``max_identical_per_response``: the same edit or
+    command three times in one answer is the runaway. Identical read-only calls count toward
+    ``max_identical_reads_per_response``: a few parallel copies of one read are harmless (and
+    redacted transcripts make distinct reads look alike), twenty are a model stuck repeating
+    itself until its length limit. Both cuts have ``reason`` ``"identical"`` and the limit that
+    was passed."""
     n_complete = len(calls) if complete is None else complete
     cut_at: int | None = None
     reason = ""
     tool = ""
     limit: int | None = None
-    if cfg.max_identical_per_response:
+    writes, reads = cfg.max_identical_per_response, cfg.max_identical_reads_per_response
+    if writes or reads:
         seen: Counter[tuple[str, str]] = Counter()
         changing: dict[tuple[str, str], bool] = {}  # the verdict of each distinct call, once
         for i, call in enumerate(calls[:n_complete]):
@@ -335,11 +341,12 @@ def runaway_cut(
             verdict = changing.get(key)
             if verdict is None:
                 verdict = changing[key] = effects.may_change(call.name, parse_arguments(call.arguments))
-            if not verdict:
+            bound = writes if verdict else reads
+            if not bound:
                 continue
             seen[key] += 1
-            if seen[key] > cfg.max_identical_per_response:
-                cut_at, reason, tool, limit = i, "identical", call.name, cfg.max_identical_per_response
+            if seen[key] > bound:
+                cut_at, reason, tool, limit = i, "identical", call.name, bound
                 break
     max_calls = cfg.max_calls_per_response
     if max_calls and len(calls) > max_calls and (cut_at is None or max_calls < cut_at):
@@ -554,6 +561,7 @@ def cuts_enabled(cfg: Config) -> bool:
     return bool(
         r.max_calls_per_response
         or r.max_identical_per_response
+        or r.max_identical_reads_per_response
         or r.degenerate_text.enabled
         or r.repair_text_tool_calls
     )
@@ -567,6 +575,7 @@ def without_cuts(cfg: Config) -> Config:
         r,
         max_calls_per_response=0,
         max_identical_per_response=0,
+        max_identical_reads_per_response=0,
         degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
         repair_text_tool_calls=False,
     )

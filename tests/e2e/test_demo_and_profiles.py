@@ -125,5 +125,10 @@ def test_seed_profiles_have_no_response_side(profile: str) -> None:
     """The seeds only rewrote requests: no stop, no runaway or degenerate-text cut."""
     cfg = load_config(ROOT / "config/profiles" / profile)
     assert (cfg.stop.after_ignored_denials, cfg.stop.on_cap) == (0, False)
-    assert (cfg.response.max_calls_per_response, cfg.response.max_identical_per_response) == (0, 0)
+    r = cfg.response
+    assert (r.max_calls_per_response, r.max_identical_per_response, r.max_identical_reads_per_response) == (
+        0,
+        0,
+        0,
+    )
     assert cfg.response.degenerate_text.enabled is False

@@ -191,12 +191,13 @@ async def test_300_identical_streamed_calls_agent_gets_2_and_upstream_is_closed(
     [
         pytest.param("write_file", 300, 2, id="300_writes_cut_to_2"),
         pytest.param("write_file", 3, 2, id="3_writes_cut_to_2"),
-        pytest.param("read_file", 300, 32, id="300_reads_cut_to_32"),
+        pytest.param("read_file", 300, 4, id="300_reads_cut_to_4"),
+        pytest.param("read_file", 5, 4, id="5_reads_cut_to_4"),
         pytest.param("read_file", 3, 3, id="3_reads_pass"),
         pytest.param("Read", 4, 4, id="4_Reads_pass"),
     ],
 )
-async def test_json_response_with_identical_calls_cuts_only_state_changing_repeats(
+async def test_json_response_with_identical_calls_cuts_writes_past_2_and_reads_past_4(
     upstream: FakeUpstream, sdk, name: str, n: int, kept: int
 ) -> None:
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
@@ -212,8 +213,8 @@ async def test_json_response_with_identical_calls_cuts_only_state_changing_repea
     assert snap["responses_cut"] == (1 if kept < n else 0)
 
 
-@pytest.mark.parametrize(("name", "n", "kept"), [("read_file", 300, 32), ("Read", 4, 4), ("grep", 3, 3)])
-async def test_streamed_identical_reads_are_left_to_the_call_limit(
+@pytest.mark.parametrize(("name", "n", "kept"), [("read_file", 300, 4), ("Read", 4, 4), ("grep", 3, 3)])
+async def test_streamed_identical_reads_are_cut_past_four(
     upstream: FakeUpstream, sdk, name: str, n: int, kept: int
 ) -> None:
     progress: dict[str, Any] = {"written": 0, "closed": asyncio.Event()}

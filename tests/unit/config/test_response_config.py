@@ -16,6 +16,7 @@ def test_defaults_match_the_issue() -> None:
     assert plain["response"] == {
         "max_calls_per_response": 32,
         "max_identical_per_response": 2,
+        "max_identical_reads_per_response": 4,
         "degenerate_text": {"enabled": True, "min_repeats": 10, "min_chars": 200, "max_period": 500},
         "repair_text_tool_calls": True,
         "mode": "enforce",
@@ -35,6 +36,7 @@ def test_defaults_match_the_issue() -> None:
         ({"response": {"max_calls_per_response": -1}}, "response.max_calls_per_response"),
         ({"response": {"max_identical_per_response": -2}}, "response.max_identical_per_response"),
         ({"response": {"max_identical_per_response": "4"}}, "response.max_identical_per_response"),
+        ({"response": {"max_identical_reads_per_response": -1}}, "response.max_identical_reads_per_response"),
         ({"response": {"degenerate_text": {"min_repeats": 1}}}, "response.degenerate_text.min_repeats"),
         ({"response": {"degenerate_text": {"min_chars": 0}}}, "response.degenerate_text.min_chars"),
         ({"response": {"degenerate_text": {"max_period": 0}}}, "response.degenerate_text.max_period"),
