@@ -1032,6 +1032,7 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
             "response": {
                 "max_calls_per_response": 0,
                 "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
                 "degenerate_text": {"enabled": False},
             },
             "stop": {"after_ignored_denials": 0, "on_cap": False},

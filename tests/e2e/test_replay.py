@@ -259,9 +259,9 @@ LOOPS_TOTALS = {
     "recurrence": {"remind": 5},
     "repeat_reminder": {"remind": 17},
     "repeated_failure": {"remind": 5},
-    # T16's 24 identical submit_implementation calls; T1's 20 identical ``git status -sb`` in one
-    # reply are read-only, so only the call limit bounds them (the request side acts on T1 by call 5)
-    "runaway": {"cut": 1},
+    # T16's 24 identical submit_implementation calls (cut past 2), and T1's 20 identical
+    # ``git status -sb`` in one reply (read-only: cut past 4)
+    "runaway": {"cut": 2},
     "stop": {"stop": 49},
 }
 

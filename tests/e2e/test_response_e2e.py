@@ -550,6 +550,7 @@ async def test_response_side_off_relays_everything(upstream: FakeUpstream, make_
             "response": {
                 "max_calls_per_response": 0,
                 "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
                 "degenerate_text": {"enabled": False},
             },
         }

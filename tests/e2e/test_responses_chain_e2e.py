@@ -240,6 +240,7 @@ NO_RESPONSE_SIDE = {
     "response": {
         "max_calls_per_response": 0,
         "max_identical_per_response": 0,
+        "max_identical_reads_per_response": 0,
         "degenerate_text": {"enabled": False},
     },
 }

@@ -150,6 +150,7 @@ async def test_response_side_off_leaves_accept_encoding_and_counts_nothing(
         "response": {
             "max_calls_per_response": 0,
             "max_identical_per_response": 0,
+            "max_identical_reads_per_response": 0,
             "degenerate_text": {"enabled": False},
             "repair_text_tool_calls": False,
         },

@@ -55,7 +55,13 @@ def test_bad_values_name_the_key(data: dict[str, Any], key: str) -> None:
     [
         {"stop": {"after_ignored_denials": 0, "on_cap": False}},
         {"stop": {"message": "Stopped {tool} ({kind}): {count} calls, {denials} ignored, limit {limit}."}},
-        {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}},
+        {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
+            }
+        },
         {"response": {"degenerate_text": {"enabled": False}}},
     ],
 )

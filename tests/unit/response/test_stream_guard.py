@@ -299,7 +299,16 @@ def test_identical_calls_at_the_end_of_the_stream_are_cut_without_abort() -> Non
 
 
 def test_runaway_off() -> None:
-    cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}})
+    cfg = build(
+        Config,
+        {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
+            }
+        },
+    )
     raw = b"".join(identical_calls_stream(50))
     out, guard, _ = run(raw, 1 << 20, None, cfg)
     assert (out, guard.actions) == (raw, [])
