@@ -170,9 +170,11 @@ def _put(obj: dict[str, Any], steps: list[str | int], value: Any, append: bool) 
     ``append``: a string value continues the string already there. A step that does not fit
     (an index into an object, a name into an array, an index past :data:`_MAX_INDEX`) sets
     nothing."""
+    if any(isinstance(k, int) and k > _MAX_INDEX for k in steps):
+        return
     cur: Any = obj
     for k, nxt in zip(steps, [*steps[1:], None], strict=True):
-        if isinstance(k, int) and (not isinstance(cur, list) or k > _MAX_INDEX):
+        if isinstance(k, int) and not isinstance(cur, list):
             return
         if isinstance(k, str) and not isinstance(cur, dict):
             return
@@ -180,7 +182,7 @@ def _put(obj: dict[str, Any], steps: list[str | int], value: Any, append: bool) 
             assert isinstance(k, int)
             cur.extend([None] * (k + 1 - len(cur)))
         if nxt is None:
-            old = cur[k]
+            old = cur[k] if isinstance(cur, list) else cur.get(k)
             cur[k] = old + value if append and isinstance(old, str) and isinstance(value, str) else value
             return
         child = cur[k] if isinstance(cur, list) else cur.get(k)
