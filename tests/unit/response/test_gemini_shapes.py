@@ -21,6 +21,7 @@ from proxy.response.gemini_stream import (
     decide_json_answer,
 )
 from proxy.response.json_array import JSONArrayFramer
+from tests.helpers.fake_gemini import WRITE_40, fragments
 from tests.unit.response.test_gemini_answer import (
     CFG,
     LOOP,
@@ -176,29 +177,6 @@ def test_a_json_answer_with_another_candidate_is_left_alone_and_counted(raw: byt
 
 
 # --- Vertex AI's streamed function-call arguments ---------------------------------------------------------
-
-
-def fragments(name: str, path: str, pieces: list[str], end: bool = True) -> list[dict[str, Any]]:
-    """One call as Vertex AI streams it: the name first, then one ``partialArgs`` string fragment
-    per piece (all but the last say the string goes on), then an empty ``functionCall`` ends it."""
-    parts: list[dict[str, Any]] = [{"functionCall": {"name": name, "willContinue": True}}]
-    for i, piece in enumerate(pieces):
-        more = i < len(pieces) - 1
-        arg: dict[str, Any] = {"jsonPath": path, "stringValue": piece}
-        if more:
-            arg["willContinue"] = True
-        parts.append({"functionCall": {"partialArgs": [arg], "willContinue": True}})
-    if end:
-        parts.append({"functionCall": {}})
-    return parts
-
-
-#: one write_file call in 40 fragments: its name, its path, 37 pieces of content, the end
-WRITE_40 = [
-    {"functionCall": {"name": "write_file", "willContinue": True}},
-    {"functionCall": {"partialArgs": [{"jsonPath": "$.path", "stringValue": "app.py"}], "willContinue": True}},
-    *fragments("write_file", "$.content", [f"line {i}\n" for i in range(37)], end=True)[1:],
-]
 
 
 def test_fragments_of_one_call_are_one_call() -> None:
