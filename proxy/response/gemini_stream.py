@@ -497,7 +497,11 @@ class GeminiArrayGuard(GeminiStreamGuard):
     def _write_raw(self, raw: bytes, out: bytearray) -> None:
         head = raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))]
         lead = raw[len(head) : len(head) + 1]
-        if lead in (b"[", b",") and (lead == b"[") is (not self._opened) and (lead == b",") is bool(self._written):
+        if (
+            lead in (b"[", b",")
+            and (lead == b"[") is (not self._opened)
+            and (lead == b",") is bool(self._written)
+        ):
             self._opened, self._written = True, self._written + 1
             self._emit(raw, out)  # its own separator is the right one: byte for byte
             return

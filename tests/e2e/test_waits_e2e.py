@@ -146,7 +146,10 @@ def sleeps_of_nothing(n: int) -> list[dict[str, Any]]:
         use = {"type": "tool_use", "id": tid, "name": "Bash", "input": NOTHING}
         messages.append({"role": "assistant", "content": [use]})
         messages.append(
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": "still waiting"}]}
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": tid, "content": "still waiting"}],
+            }
         )
     return messages
 

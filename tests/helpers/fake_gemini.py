@@ -61,7 +61,12 @@ def fragments(name: str, path: str, pieces: list[str], end: bool = True) -> list
 #: one write_file call in 40 fragments: its name, its path, 37 pieces of content, the end
 WRITE_40 = [
     {"functionCall": {"name": "write_file", "willContinue": True}},
-    {"functionCall": {"partialArgs": [{"jsonPath": "$.path", "stringValue": "app.py"}], "willContinue": True}},
+    {
+        "functionCall": {
+            "partialArgs": [{"jsonPath": "$.path", "stringValue": "app.py"}],
+            "willContinue": True,
+        }
+    },
     *fragments("write_file", "$.content", [f"line {i}\n" for i in range(37)], end=True)[1:],
 ]
 

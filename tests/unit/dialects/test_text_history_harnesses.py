@@ -246,7 +246,10 @@ def test_fenced_actions_answered_by_results_are_calls(result: str) -> None:
     ("text", "shape"),
     [
         ("<returncode>0</returncode>\n<output>\nhello\n</output>", "returncode"),
-        ("<returncode>2</returncode>\r\n<warning>\nThe output of your last command was too long.", "returncode"),
+        (
+            "<returncode>2</returncode>\r\n<warning>\nThe output of your last command was too long.",
+            "returncode",
+        ),
         ("OBSERVATION:\nhello", "observation"),
         ("OBSERVATION:", "observation"),
         ("x\n(Open file: n/a)\n(Current directory: /repo)\nbash-$", "prompt"),

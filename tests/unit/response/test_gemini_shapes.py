@@ -110,7 +110,7 @@ def test_an_array_answer_nothing_decides_on_goes_out_byte_for_byte(split: int) -
 
 def test_a_looping_array_answer_is_stopped_and_stays_one_array() -> None:
     out, guard, aborted = run_array(array(LOOPING), Judge(STOP))
-    assert [a.kind for a in guard.actions] == ["stop"]
+    assert ([a.kind for a in guard.actions], aborted) == (["stop"], False)
     assert parts_of(out) == [
         ([{"text": "Again."}], None),
         ([{"text": "\n\n[loopguard] Stopped."}], "STOP"),
@@ -172,7 +172,9 @@ def test_an_answer_with_another_candidate_is_relayed_and_counted(other: bytes) -
         (b"{not json", None),
     ],
 )
-def test_a_json_answer_with_another_candidate_is_left_alone_and_counted(raw: bytes, reason: str | None) -> None:
+def test_a_json_answer_with_another_candidate_is_left_alone_and_counted(
+    raw: bytes, reason: str | None
+) -> None:
     assert decide_json_answer(raw, Judge(STOP), CFG) == (None, [], reason)
 
 
@@ -278,7 +280,12 @@ def test_forty_fragments_of_one_write_are_not_a_runaway(form: str) -> None:
         out, guard, aborted = run_array(raw, judge)  # type: ignore[assignment]
     assert (bytes(out), aborted, guard.actions) == (raw, False, [])
     content = "".join(f"line {i}\n" for i in range(37))
-    assert judge.seen == [([(None, "write_file", json.dumps({"path": "app.py", "content": content}, separators=(",", ":")))], "Writing.")]
+    assert judge.seen == [
+        (
+            [(None, "write_file", json.dumps({"path": "app.py", "content": content}, separators=(",", ":")))],
+            "Writing.",
+        )
+    ]
 
 
 def test_a_stop_drops_every_fragment_of_the_call() -> None:
