@@ -31,18 +31,26 @@ before it goes out, whether calls came or not: a text-only answer can be stopped
   upstream is closed; held calls are dropped and one event with ``finishReason: "MAX_TOKENS"``
   ends the answer.
 - An event that is not JSON, ``{"error": …}``, more than one candidate or a candidate ``index``
-  other than 0 (``candidateCount`` > 1: not read), ``parts`` that is not a list, or an event past
+  other than 0 (``candidateCount`` > 1: which candidate the agent acts on is not known; counted as
+  unread, :data:`CANDIDATES`), ``parts`` that is not a list, or an event past
   :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` → everything held is released unchanged and
-  the rest of the stream passes through unread. A stream that ends without ``finishReason`` is
-  released unchanged and stopped short (``complete`` stays False: the edge ends it with an error,
-  as Gemini CLI itself treats such a stream as invalid).
+  the rest of the stream passes through unread.
+- Vertex AI's streamed call arguments (``streamFunctionCallArguments``): a ``functionCall`` part
+  with ``willContinue: true`` opens a call whose next ``functionCall`` parts are its fragments
+  (``partialArgs``: ``jsonPath`` and a typed value) up to the one whose ``willContinue`` is not
+  true. Fragments of one call are one call (:class:`_Calls`): their arguments are assembled by
+  path, the runaway rule counts the call once it is complete, and a drop drops all its parts.
 
-Without ``alt=sse`` the stream is one JSON array of these objects; that answer is relayed unread
-(buffering it to decide would turn the stream into one late body), so only the request side
-guards it (:func:`proxy.edge.wire.wire_of`). The SDKs and Gemini CLI always ask for SSE.
+A stream that ends without ``finishReason`` is released unchanged and stopped short (``complete``
+stays False: the edge ends it with an error, as Gemini CLI itself treats such a stream as invalid).
 
-JSON (:func:`decide_json`): the same decisions on a whole ``GenerateContentResponse`` (one
-candidate). Stop → its ``content.parts`` keep the parts that are neither answer text nor
+Without ``alt=sse`` the stream is one JSON array of these objects (:class:`GeminiArrayGuard`): its
+elements are read as they arrive (:mod:`proxy.response.json_array`), each as an SSE event, with the
+same holding and decisions, and what the agent gets stays one valid array.
+
+JSON (:func:`decide_json_answer`): the same decisions on a whole ``GenerateContentResponse`` (one
+candidate; several, or another index, are left alone and reported, :data:`CANDIDATES`).
+Stop → its ``content.parts`` keep the parts that are neither answer text nor
 ``functionCall`` (thoughts, code execution), then one ``text`` part: the answer's text, a blank
 line and the stop text; ``finishReason: "STOP"``. Runaway → the ``functionCall`` parts past the
 cut are removed. Degenerate text is reported only. Anything else is left alone (None: the original
