@@ -6,12 +6,16 @@ with several candidates counted as unread, and Vertex AI's streamed function-cal
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from proxy.config import Config, build
 from proxy.response.gemini_stream import (
     CANDIDATES,
     GeminiArrayGuard,
@@ -67,6 +71,17 @@ def parts_of(answer: bytes) -> list[tuple[list[Any], Any]]:
 
 
 LOOPING = [event([{"text": "Again."}]), event([LOOP]), event([], "STOP")]
+#: nothing decides: no cut is on, and the judge stops nothing
+OFF = build(
+    Config,
+    {
+        "response": {
+            "max_calls_per_response": 0,
+            "max_identical_per_response": 0,
+            "degenerate_text": {"enabled": False},
+        }
+    },
+)
 
 
 # --- the framer ---------------------------------------------------------------------------------------
@@ -302,3 +317,59 @@ def test_fragments_in_a_json_answer_are_one_call() -> None:
     judge = Judge(None)
     assert decide_json_answer(raw, judge, with_limits(max_identical_per_response=2)) == (None, [], None)
     assert [name for name, _ in ((c[1], c[2]) for c in judge.seen[0][0])] == ["write_file"]
+
+
+# --- fuzz: random arrays, random reads ------------------------------------------------------------------
+
+_texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10)
+_parts = st.one_of(
+    st.builds(lambda t: {"text": t}, _texts),
+    st.builds(lambda t: {"functionCall": {"name": "read_file", "args": {"path": t}}}, _texts),
+    st.builds(
+        lambda t: {
+            "functionCall": {"partialArgs": [{"jsonPath": "$.p", "stringValue": t}], "willContinue": True}
+        },
+        _texts,
+    ),
+    st.just({"functionCall": {"name": "write_file", "willContinue": True}}),
+    st.just({"functionCall": {}}),
+)
+
+
+@settings(derandomize=True, deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(_parts, min_size=0, max_size=3), min_size=1, max_size=8),
+    st.booleans(),
+    st.sampled_from([b",", b"\n,\r\n", b" , "]),
+    st.lists(st.integers(1, 40), min_size=1, max_size=6),
+)
+def test_any_array_answer_stays_one_valid_array(
+    events_parts: list[list[Any]], finish: bool, sep: bytes, reads: list[int]
+) -> None:
+    """Whatever the elements and the reads: nothing decided, the agent gets the upstream's bytes;
+    stopped, the agent gets one valid array whose last element is the stop and no call."""
+    events = [event(parts) for parts in events_parts]
+    if finish:
+        events.append(event([], "STOP"))
+    raw = array(events, sep)
+    for judge, cfg in ((Judge(None), OFF), (Judge(STOP), CFG)):
+        guard = GeminiArrayGuard(cfg, judge)
+        out = bytearray()
+        at = 0
+        for size in itertools.cycle(reads):
+            if at >= len(raw):
+                break
+            o = guard.feed(raw[at : at + size])
+            out += o.data
+            at += size
+            if o.abort:
+                break
+        if not guard.aborted:
+            out += guard.finish()
+        if cfg is OFF:
+            assert bytes(out) == raw
+            continue
+        elements = orjson.loads(bytes(out))  # one valid array, always
+        if finish and any(p for p in events_parts) and judge.seen:
+            assert b"functionCall" not in out
+            assert elements[-1]["candidates"][0]["finishReason"] == "STOP"
