@@ -6,7 +6,8 @@ for the Gemini API).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
 ``POST …/responses``, ``POST …/messages`` and Gemini's ``…:generateContent`` /
-``…:streamGenerateContent?alt=sse`` with status 200,
+``…:streamGenerateContent`` (SSE with ``alt=sse``, else one JSON array that streams, read element
+by element as it arrives: ``gemini_array``) with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``
 (``identity`` aside). So that answers come readable, the agent's ``Accept-Encoding`` on those
 requests goes upstream as ``identity`` while the response side is on (:func:`reads`; no header is
@@ -72,7 +73,7 @@ from proxy.response.decide import (
     earlier_stops,
     observed_actions,
 )
-from proxy.response.gemini_stream import GeminiStreamGuard
+from proxy.response.gemini_stream import GeminiArrayGuard, GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
@@ -83,12 +84,14 @@ log = structlog.get_logger("loopguard")
 #: Why an answer the response side was to read went out unread (``ResponseSide.unread``):
 #: compressed although asked not to be; a 200 answer neither SSE nor JSON; an event past
 #: :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` (the rest of the stream relayed unread); the
-#: response side failed and failed open.
+#: response side failed and failed open; a Gemini answer with several candidates or one other than
+#: the first (which one the agent acts on is not known; :data:`proxy.response.gemini_stream.CANDIDATES`).
 CONTENT_ENCODING = "content_encoding"
 CONTENT_TYPE = "content_type"
 TOO_LARGE = "too_large"
 INTERNAL_ERROR = "internal_error"
-UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR)
+CANDIDATES = gemini_stream.CANDIDATES
+UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR, CANDIDATES)
 
 
 @dataclass
@@ -287,8 +290,10 @@ def _plan(
         return None
     wire = "chat" if guarded is True else str(guarded)
     ctype = upstream.content_type
-    if ctype == "text/event-stream":
-        kind = "sse"
+    if wire == "gemini_array" and ctype == "text/event-stream":
+        wire = "gemini"  # asked for the array, answered with events: read as events
+    if ctype == "text/event-stream" or (wire == "gemini_array" and ctype == "application/json"):
+        kind = "sse"  # read as it streams (the array's elements as events)
     elif ctype == "application/json":
         kind = "json"
     elif enabled(cfg):  # an answer the response side cannot read: counted, relayed unchanged
@@ -375,6 +380,7 @@ _STREAM_GUARDS: dict[str, type[FramedGuard]] = {
     "responses": ResponsesStreamGuard,
     "messages": MessagesStreamGuard,
     "gemini": GeminiStreamGuard,
+    "gemini_array": GeminiArrayGuard,
 }
 
 
@@ -483,7 +489,8 @@ async def relay_json(
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         elif side.wire == "gemini":
-            new, actions = gemini_stream.decide_json(raw, side.judge, side.cfg)
+            new, actions, unread = gemini_stream.decide_json_answer(raw, side.judge, side.cfg)
+            side.unread = side.unread or unread
         else:
             new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)
