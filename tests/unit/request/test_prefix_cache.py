@@ -350,7 +350,8 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
     # user message (its JSON), and the body's other 29 bytes (its items are a view of it)
     assert isinstance(entry.items, memoryview)
     assert len(raw) - 63 == 29
-    assert entry.size == 2 * 63 + 2 * 384 + 8 * len(b"null") + 26 + len(b'{"role":"user","content":"go"}') + 29
+    first = len(b'{"role":"user","content":"go"}')
+    assert entry.size == 2 * 63 + 2 * 384 + 8 * len(b"null") + 26 + first + 29
     assert cache.snapshot() == {
         "hits": 0,
         "misses": 1,
@@ -510,8 +511,8 @@ async def test_the_server_counts_a_conversation_with_a_mib_of_metadata_as_its_hi
     base = await make_proxy()
     raw = _chat([*BASE, *STEP, *STEP], metadata={"note": "m" * MIB})
     async with aiohttp.ClientSession() as http:
-        post = http.post(f"{base}/v1/chat/completions", data=raw, headers={"content-type": "application/json"})
-        async with post as r:
+        headers = {"content-type": "application/json"}
+        async with http.post(f"{base}/v1/chat/completions", data=raw, headers=headers) as r:
             assert r.status == 200
         async with http.get(f"{base}/loop-guard") as r:
             kept = (await r.json())["prefix_cache"]
