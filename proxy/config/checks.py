@@ -57,8 +57,8 @@ _CATEGORIES = {
 
 
 def _matches_char(op: Any, av: Any, ch: str) -> bool:
-    """Whether the one-character item ``(op, av)`` of a parsed expression may match ``ch``
-    (True when unsure: a case-insensitive or unknown item)."""
+    """Whether the one-character item ``(op, av)`` of a parsed expression may match ``ch``, as
+    written (the caller tries both cases); True for an item it does not know."""
     if op is _sre.LITERAL:
         return chr(av) == ch
     if op is _sre.NOT_LITERAL:
