@@ -223,6 +223,11 @@ async def send_and_relay(
                 request[DELIVERED] = True  # the agent hung up after the whole answer
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
+            # Its traceback holds the frames it came through (this request's body, decision and
+            # response side among their locals), and aiohttp's reader that raised it holds it
+            # (``StreamReader.set_exception``): a reference cycle that kept all of that alive
+            # until a full collection. Nothing here reads the traceback.
+            exc.__traceback__ = None
             if isinstance(exc, READ_TIMEOUT) and not response.prepared:
                 return timeout_response(base, fields, st, request)  # a buffered JSON answer: nothing sent yet
             if request.get(DELIVERED) or (side is not None and side.delivered):
