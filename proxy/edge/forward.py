@@ -2,10 +2,11 @@
 
 - ``/v1/<rest>`` goes to ``<upstream base>/<rest>``; any other path to the upstream's origin with
   the same path; the target's path and query go as sent (DESIGN §3): dot segments, escapes and
-  doubled slashes are the upstream's to read, not resolved or re-quoted on the way. A query on the upstream base URL
-  itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with every request: its
-  parameters first, then the request's query as sent; a parameter the request names itself is the
-  request's (the agent's choice wins, as it would talking to the upstream directly).
+  doubled slashes are the upstream's to read, not resolved or re-quoted on the way. A query on
+  the upstream base URL itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with
+  every request: its parameters first, then the request's query as sent; a parameter the
+  request names itself is the request's (the agent's choice wins, as it would talking to the
+  upstream directly).
 - Hop-by-hop headers (RFC 9110 §7.6.1, plus any named in ``Connection``) are dropped both ways;
   everything else, ``Authorization`` included, passes untouched.
 - Bodies are relayed as bytes: the upstream session does not decompress, and adds no

@@ -44,11 +44,11 @@ response id seen in an upstream answer, an :class:`Entry`:
 
 - **One credential's chains**: the server keys each entry by :func:`store_key`, a digest of the
   request's credential headers (:data:`CREDENTIAL_HEADERS`), its query string (``?api-key=``,
-  ``?key=``) and the response id, never by the id alone: an upstream keeps a tenant's responses for that tenant, so a request under another
-  credential that names tenant A's id must not get A's history injected into its guarded
-  transcript. To it the id is unknown, as it is to the upstream. Neither the credential nor the id
-  is held (an id the agent chooses may be megabytes long): the keys and the lost ids are
-  fixed-size digests, the same on every replica.
+  ``?key=``) and the response id, never by the id alone: an upstream keeps a tenant's responses
+  for that tenant, so a request under another credential that names tenant A's id must not get
+  A's history injected into its guarded transcript. To it the id is unknown, as it is to the
+  upstream. Neither the credential nor the id is held (an id the agent chooses may be megabytes
+  long): the keys and the lost ids are fixed-size digests, the same on every replica.
 
 Bounds (:class:`proxy.config.ResponsesStoreConfig`), the least recently used entry dropped
 first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the

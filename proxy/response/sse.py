@@ -147,7 +147,6 @@ class SSEFramer:
             self._event = value
 
 
-
 #: The most an :class:`EventGate` holds of one unfinished event before it opens (bytes): a body
 #: that is not an event stream, though labelled one, must not be buffered whole.
 GATE_MAX_HELD = 16 * 1024 * 1024

@@ -176,7 +176,12 @@ async def test_paths_beside_the_admin_prefix_are_still_forwarded(
 ) -> None:
     base = await make_proxy()
     async with aiohttp.ClientSession() as s:
-        for path in ("/loop-guardx", "/v1/loop-guard/metrics", "/loop-guard-x/metrics", "/v1/x/../loop-guard"):
+        for path in (
+            "/loop-guardx",
+            "/v1/loop-guard/metrics",
+            "/loop-guard-x/metrics",
+            "/v1/x/../loop-guard",
+        ):
             async with s.get(base + path) as r:
                 assert r.status == 200, path
     assert [r.path_qs for r in upstream.requests] == [

@@ -1231,7 +1231,9 @@ async def raw_exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
         pytest.param("/v1/./models", "/v1/./models", id="dot_segment_kept"),
         pytest.param("/%2e%2e/x", "/%2e%2e/x", id="escaped_dot_dot_kept"),
         pytest.param("/v1/a%2Fb/%7Euser", "/v1/a%2Fb/%7Euser", id="escapes_not_requoted"),
-        pytest.param("/v1/models?q=../%2e%20x&a=%41", "/v1/models?q=../%2e%20x&a=%41", id="query_not_requoted"),
+        pytest.param(
+            "/v1/models?q=../%2e%20x&a=%41", "/v1/models?q=../%2e%20x&a=%41", id="query_not_requoted"
+        ),
         pytest.param("http://agent.example/v1/x/../y", "/v1/x/../y", id="absolute_form_dots_kept"),
     ],
 )

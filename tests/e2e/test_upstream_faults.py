@@ -346,7 +346,9 @@ def _data(obj: dict, event: str | None = None, eol: bytes = b"\n") -> bytes:
     return head + b"data: " + orjson.dumps(obj) + eol + eol
 
 
-_GEMINI_TEXT = {"candidates": [{"content": {"role": "model", "parts": [{"text": "HALF-EVENT-TEXT"}]}, "index": 0}]}
+_GEMINI_TEXT = {
+    "candidates": [{"content": {"role": "model", "parts": [{"text": "HALF-EVENT-TEXT"}]}, "index": 0}]
+}
 WIRE_CASES = {
     "chat": WireCase(
         CHAT,
@@ -358,30 +360,62 @@ WIRE_CASES = {
         "/v1/responses",
         orjson.dumps({"model": "m", "stream": True, "input": "hi"}),
         _data(
-            {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}},
+            {
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {"id": "resp_1", "object": "response", "status": "in_progress", "output": []},
+            },
             "response.created",
         ),
         _data(
-            {"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "HALF-EVENT-TEXT"},
+            {
+                "type": "response.output_text.delta",
+                "sequence_number": 1,
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": "HALF-EVENT-TEXT",
+            },
             "response.output_text.delta",
         ),
     ),
     "messages": WireCase(
         "/v1/messages",
-        orjson.dumps({"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
+        orjson.dumps(
+            {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        ),
         _data(
-            {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}},
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 1, "output_tokens": 0},
+                },
+            },
             "message_start",
         ),
         _data(
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "HALF-EVENT-TEXT"}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": "HALF-EVENT-TEXT"},
+            },
             "content_block_start",
         ),
     ),
     "gemini": WireCase(
         "/v1beta/models/m:streamGenerateContent?alt=sse",
         orjson.dumps({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
-        _data({"candidates": [{"content": {"role": "model", "parts": [{"text": "hi"}]}, "index": 0}]}, eol=b"\r\n"),
+        _data(
+            {"candidates": [{"content": {"role": "model", "parts": [{"text": "hi"}]}, "index": 0}]},
+            eol=b"\r\n",
+        ),
         _data(_GEMINI_TEXT, eol=b"\r\n"),
     ),
     # not a dialect's path: relayed unread, through the same gate
@@ -508,7 +542,9 @@ async def test_the_openai_sdk_raises_the_api_error_of_a_chat_stream_cut_mid_even
     assert got == ["hi"]
 
 
-async def test_the_openai_sdk_reads_the_error_event_of_a_responses_stream_cut_mid_event(cut_proxy: Any) -> None:
+async def test_the_openai_sdk_reads_the_error_event_of_a_responses_stream_cut_mid_event(
+    cut_proxy: Any,
+) -> None:
     """The Responses stream's ``error`` event reaches the SDK whole and is handed to the caller
     (as the SDK does with the server's own), then the broken connection (before: a JSON decode
     error, and the error event never read)."""
@@ -531,7 +567,9 @@ async def test_the_openai_sdk_reads_the_error_event_of_a_responses_stream_cut_mi
     )
 
 
-async def test_the_anthropic_sdk_raises_the_api_error_of_a_messages_stream_cut_mid_event(cut_proxy: Any) -> None:
+async def test_the_anthropic_sdk_raises_the_api_error_of_a_messages_stream_cut_mid_event(
+    cut_proxy: Any,
+) -> None:
     """Before: ``anthropic.APIConnectionError`` (the error event never parsed)."""
     client = anthropic.AsyncAnthropic(base_url=await cut_proxy("messages"), api_key="k", max_retries=0)
     try:
@@ -545,13 +583,20 @@ async def test_the_anthropic_sdk_raises_the_api_error_of_a_messages_stream_cut_m
         await client.close()
     assert raised.value.body == {
         "type": "error",
-        "error": {"type": "upstream_disconnected", "message": "loopguard: upstream closed the stream before it finished"},
+        "error": {
+            "type": "upstream_disconnected",
+            "message": "loopguard: upstream closed the stream before it finished",
+        },
     }
 
 
-async def test_the_google_genai_sdk_raises_the_api_error_of_a_gemini_stream_cut_mid_event(cut_proxy: Any) -> None:
+async def test_the_google_genai_sdk_raises_the_api_error_of_a_gemini_stream_cut_mid_event(
+    cut_proxy: Any,
+) -> None:
     """Before: ``google.genai.errors.UnknownApiResponseError`` (the glued event is not JSON)."""
-    client = genai.Client(api_key="k", http_options=genai_types.HttpOptions(base_url=await cut_proxy("gemini")))
+    client = genai.Client(
+        api_key="k", http_options=genai_types.HttpOptions(base_url=await cut_proxy("gemini"))
+    )
     texts: list[str | None] = []
     with pytest.raises(genai_errors.APIError) as raised:
         async for answer in await client.aio.models.generate_content_stream(model="m", contents="hi"):
@@ -632,7 +677,12 @@ async def test_the_google_genai_sdk_gets_a_blocked_prompt_through_the_proxy(
 
     upstream.handler = handler
     client = genai.Client(api_key="k", http_options=genai_types.HttpOptions(base_url=await make_proxy()))
-    answers = [a async for a in await client.aio.models.generate_content_stream(model="gemini-2.5-flash", contents="hi")]
+    answers = [
+        a
+        async for a in await client.aio.models.generate_content_stream(
+            model="gemini-2.5-flash", contents="hi"
+        )
+    ]
     assert [(a.candidates, a.prompt_feedback.block_reason) for a in answers] == [
         (None, genai_types.BlockedReason.PROHIBITED_CONTENT)
     ]

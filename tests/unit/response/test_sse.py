@@ -164,15 +164,29 @@ def gated(chunks: list[bytes]) -> list[bytes]:
 @pytest.mark.parametrize(
     ("chunks", "out"),
     [
-        pytest.param([b"data: a\n\ndata: {\"x", b'"}\n\n'], [b"data: a\n\n", b'data: {"x"}\n\n'], id="split_event_held"),
-        pytest.param([b"data: a\r\n\r\nda", b"ta: b\r\n\r\n"], [b"data: a\r\n\r\n", b"data: b\r\n\r\n"], id="crlf"),
-        pytest.param([b"data: a\r\r", b"data: b\r\r"], [b"", b"data: a\r\r"], id="cr_only"),
-        pytest.param([b"data: a\r\n\r", b"\ndata: b\n\n"], [b"", b"data: a\r\n\r\ndata: b\n\n"], id="cr_held_for_its_lf"),
-        pytest.param([b": ping\n", b": ping\n\n"], [b": ping\n", b": ping\n\n"], id="comments_go_at_once"),
-        pytest.param([b"event: e\n", b"data: 1\n", b"\n"], [b"", b"", b"event: e\ndata: 1\n\n"], id="event_lines_held"),
-        pytest.param([b"event: e\n: c\n", b"\n"], [b"", b"event: e\n: c\n\n"], id="comment_inside_an_event_held"),
         pytest.param(
-            [b"data: a\ndata: b\n", b"data: c"], [b"data: a\ndata: b\n", b"data: c"], id="one_line_end_framing_opens"
+            [b'data: a\n\ndata: {"x', b'"}\n\n'], [b"data: a\n\n", b'data: {"x"}\n\n'], id="split_event_held"
+        ),
+        pytest.param(
+            [b"data: a\r\n\r\nda", b"ta: b\r\n\r\n"], [b"data: a\r\n\r\n", b"data: b\r\n\r\n"], id="crlf"
+        ),
+        pytest.param([b"data: a\r\r", b"data: b\r\r"], [b"", b"data: a\r\r"], id="cr_only"),
+        pytest.param(
+            [b"data: a\r\n\r", b"\ndata: b\n\n"],
+            [b"", b"data: a\r\n\r\ndata: b\n\n"],
+            id="cr_held_for_its_lf",
+        ),
+        pytest.param([b": ping\n", b": ping\n\n"], [b": ping\n", b": ping\n\n"], id="comments_go_at_once"),
+        pytest.param(
+            [b"event: e\n", b"data: 1\n", b"\n"], [b"", b"", b"event: e\ndata: 1\n\n"], id="event_lines_held"
+        ),
+        pytest.param(
+            [b"event: e\n: c\n", b"\n"], [b"", b"event: e\n: c\n\n"], id="comment_inside_an_event_held"
+        ),
+        pytest.param(
+            [b"data: a\ndata: b\n", b"data: c"],
+            [b"data: a\ndata: b\n", b"data: c"],
+            id="one_line_end_framing_opens",
         ),
     ],
 )
@@ -199,7 +213,9 @@ def test_the_gate_opens_past_its_limit() -> None:
 
 @given(
     st.lists(
-        st.sampled_from([b"data: {\"a\":1}\n\n", b"event: e\r\ndata: x\r\n\r\n", b": ka\n", b"data: y\r\r", b"\n"]),
+        st.sampled_from(
+            [b'data: {"a":1}\n\n', b"event: e\r\ndata: x\r\n\r\n", b": ka\n", b"data: y\r\r", b"\n"]
+        ),
         min_size=1,
         max_size=12,
     ),
