@@ -31,6 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import orjson
+
 _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = "\ufeff"
 
@@ -165,10 +167,12 @@ class EventGate:
     agent receives the upstream's bytes exactly, only never half an event before its end.
 
     The gate opens for good (everything passes at once, as without it) when the stream shows it
-    is not framed as the SDKs read it (a second ``data`` line before a blank line: a server that
-    ends events with a single line end, read line by line by its clients), or when one event
-    holds more than :data:`GATE_MAX_HELD`. A CR at the end of a read is held until the next byte
-    shows whether it starts a CRLF, as in :class:`SSEFramer`. Linear in the bytes fed."""
+    is not framed as the SDKs read it: a second ``data`` line before a blank line while the first
+    one held a whole JSON value on its own (a server that ends its events with a single line end,
+    read line by line by its clients; a value spread over several ``data`` lines is one event and
+    stays held), or one event past :data:`GATE_MAX_HELD`. A CR at the end of a read is held until
+    the next byte shows whether it starts a CRLF, as in :class:`SSEFramer`. Linear in the bytes
+    fed."""
 
     __slots__ = ("_buf", "_data", "_empty", "_open", "_pos", "_scan")
 
@@ -177,7 +181,8 @@ class EventGate:
         self._pos = 0  # start of the first line not read yet
         self._scan = 0  # bytes before this were searched for a line end already
         self._empty = True  # the agent's parser holds no field of an unfinished event at _pos
-        self._data = False  # the unfinished event has a data line
+        #: where the unfinished event's first data line is in the buffer (start, end), None: none yet
+        self._data: tuple[int, int] | None = None
         self._open = False
 
     @property
@@ -204,20 +209,23 @@ class EventGate:
             start, pos = pos, m.end()
             self._scan = pos
             if start == m.start():  # a blank line: the event ends, the parser holds nothing
-                self._empty, self._data, safe = True, False, pos
+                self._empty, self._data, safe = True, None, pos
             elif buf[start] == 0x3A:  # a comment line changes nothing in the parser
                 if self._empty:
                     safe = pos
             else:
                 self._empty = False
                 if _is_data(buf, start, m.start()):
-                    if self._data:  # one line end between events: not the SDKs' framing
+                    if self._data is None:
+                        self._data = (start, m.start())
+                    elif _whole_json(buf, *self._data):  # one line end between events
                         return self._opened(buf)
-                    self._data = True
         out = bytes(buf[:safe])
         del buf[:safe]
         self._pos = pos - safe
         self._scan -= safe
+        if self._data is not None and safe:  # the event starts after what went out
+            self._data = (self._data[0] - safe, self._data[1] - safe)
         if len(buf) > GATE_MAX_HELD:
             return out + self._opened(buf)
         return out
@@ -244,9 +252,21 @@ class EventGate:
     def _reset(self) -> None:
         self._buf.clear()
         self._pos = self._scan = 0
-        self._empty, self._data = True, False
+        self._empty, self._data = True, None
 
 
 def _is_data(buf: bytearray, start: int, end: int) -> bool:
     """The line ``buf[start:end]`` is a ``data`` field (``data``, ``data:…``)."""
     return buf.startswith(b"data", start) and (end == start + 4 or buf[start + 4] == 0x3A)
+
+
+def _whole_json(buf: bytearray, start: int, end: int) -> bool:
+    """The ``data`` line ``buf[start:end]`` holds a whole JSON object or array on its own."""
+    value = bytes(buf[start + 5 : end]).strip()
+    if not value.startswith((b"{", b"[")):
+        return False
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return True

@@ -184,9 +184,27 @@ def gated(chunks: list[bytes]) -> list[bytes]:
             [b"event: e\n: c\n", b"\n"], [b"", b"event: e\n: c\n\n"], id="comment_inside_an_event_held"
         ),
         pytest.param(
-            [b"data: a\ndata: b\n", b"data: c"],
-            [b"data: a\ndata: b\n", b"data: c"],
+            [b'data: {"a":1}\ndata: {"b":2}\n', b"data: c"],
+            [b'data: {"a":1}\ndata: {"b":2}\n', b"data: c"],
             id="one_line_end_framing_opens",
+        ),
+        pytest.param(
+            [b'data: {"a":\ndata: 1}\n', b"\n"],
+            [b"", b'data: {"a":\ndata: 1}\n\n'],
+            id="multi_line_data_held",
+        ),
+        pytest.param(
+            [b"data: a\ndata: b\n", b"\n"], [b"", b"data: a\ndata: b\n\n"], id="multi_line_text_held"
+        ),
+        pytest.param(
+            [b": c\n", b'data: {"x":\n', b"data: 2}\n\ndata: [1]\ndata: 2\n"],
+            [b": c\n", b"", b'data: {"x":\ndata: 2}\n\ndata: [1]\ndata: 2\n'],
+            id="opens_in_a_later_event",
+        ),
+        pytest.param(
+            [b'data: 1\n\ndata: {"a":1}\n', b'data: {"b":2}\n'],
+            [b"data: 1\n\n", b'data: {"a":1}\ndata: {"b":2}\n'],
+            id="opens_across_reads",
         ),
     ],
 )
