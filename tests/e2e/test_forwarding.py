@@ -1235,6 +1235,7 @@ async def raw_exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
             "/v1/models?q=../%2e%20x&a=%41", "/v1/models?q=../%2e%20x&a=%41", id="query_not_requoted"
         ),
         pytest.param("http://agent.example/v1/x/../y", "/v1/x/../y", id="absolute_form_dots_kept"),
+        pytest.param("/v1/x%zz%", "/v1/x%zz%", id="broken_escape_kept"),
     ],
 )
 async def test_the_upstream_gets_the_request_target_as_the_agent_sent_it(
