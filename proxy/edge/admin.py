@@ -120,7 +120,10 @@ def own_miss(request: web.Request) -> web.Response | None:
     proxy's too. Such a request is never forwarded: it carries the admin token, which the
     upstream must not see, and an upstream that resolves the target would answer it at
     ``/loop-guard``."""
-    own = normalised(forward.origin_form(request.raw_path))
+    target = request.raw_path
+    if "%" not in target and "loop-guard" not in target.lower():
+        return None  # no spelling of the proxy's paths: the common case, decided at once
+    own = normalised(forward.origin_form(target))
     if own != "/loop-guard" and not own.startswith("/loop-guard/"):
         return None
     path = request.path
