@@ -192,8 +192,8 @@ class EventGate:
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes from the stream; returns those that may go to the agent now."""
-        if self._open:
-            return chunk
+        if self._open or (not self._buf and _ends_event(chunk)):
+            return chunk  # the common read: whole events, the parser empty before and after it
         buf = self._buf
         buf += chunk
         pos = self._pos
@@ -253,6 +253,17 @@ class EventGate:
         self._buf.clear()
         self._pos = self._scan = 0
         self._empty, self._data = True, None
+
+
+def _ends_event(chunk: bytes) -> bool:
+    """``chunk`` ends with a blank line whose last line end is an LF (``\n\n``, ``\r\n\r\n``,
+    ``\n\r\n``, ``\r\r\n``): read from a line's start, it leaves the parser holding nothing.
+    (A CR at the very end could still become a CRLF: left to the scan.)"""
+    if len(chunk) < 2 or chunk[-1] != 0x0A:
+        return False
+    if chunk[-2] == 0x0A:
+        return True
+    return len(chunk) >= 3 and chunk[-2] == 0x0D and chunk[-3] in (0x0A, 0x0D)
 
 
 def _is_data(buf: bytearray, start: int, end: int) -> bool:
