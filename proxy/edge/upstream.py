@@ -8,7 +8,8 @@ answer to the agent, and answer for the upstream when it fails (:mod:`proxy.edge
 - Upstream unreachable: 502. Upstream silent past ``upstream.read_timeout_s``: 504 before any of
   the answer was sent. Upstream closing mid-stream: an SSE stream gets a final error event and the
   connection is closed without the terminating chunk, so the agent sees an error, never a silent
-  success.
+  success. An event stream goes to the agent whole events at a time (:class:`GatedStream`), so
+  an event the upstream broke off in is dropped and the error event is read on its own.
 - A kept-alive connection the upstream closed at its idle timeout as the request went out is
   retried once on a fresh connection (:data:`STALE_CONNECTION`).
 """
