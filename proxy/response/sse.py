@@ -181,7 +181,8 @@ class EventGate:
         self._pos = 0  # start of the first line not read yet
         self._scan = 0  # bytes before this were searched for a line end already
         self._empty = True  # the agent's parser holds no field of an unfinished event at _pos
-        #: where the unfinished event's first data line is in the buffer (start, end), None: none yet
+        #: where the unfinished event's first data line is in the buffer (start, end); None: none
+        #: yet; (-1, -1): it was read and holds no whole value (the event has several data lines)
         self._data: tuple[int, int] | None = None
         self._open = False
 
@@ -218,13 +219,15 @@ class EventGate:
                 if _is_data(buf, start, m.start()):
                     if self._data is None:
                         self._data = (start, m.start())
-                    elif _whole_json(buf, *self._data):  # one line end between events
-                        return self._opened(buf)
+                    elif self._data[0] >= 0:  # the event's second data line: read the first once
+                        if _whole_json(buf, *self._data):  # one line end between events
+                            return self._opened(buf)
+                        self._data = (-1, -1)  # one value over several data lines: held
         out = bytes(buf[:safe])
         del buf[:safe]
         self._pos = pos - safe
         self._scan -= safe
-        if self._data is not None and safe:  # the event starts after what went out
+        if self._data is not None and self._data[0] >= 0 and safe:  # the event is after what went out
             self._data = (self._data[0] - safe, self._data[1] - safe)
         if len(buf) > GATE_MAX_HELD:
             return out + self._opened(buf)
