@@ -49,7 +49,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import structlog
@@ -92,6 +92,13 @@ TOO_LARGE = "too_large"
 INTERNAL_ERROR = "internal_error"
 CANDIDATES = gemini_stream.CANDIDATES
 UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR, CANDIDATES)
+
+
+class Writer(Protocol):
+    """Where a relayed body goes: the agent's response, or a gate in front of it
+    (:class:`proxy.edge.upstream.GatedStream`)."""
+
+    async def write(self, data: bytes) -> None: ...
 
 
 @dataclass
@@ -385,7 +392,7 @@ _STREAM_GUARDS: dict[str, type[FramedGuard]] = {
 
 
 async def relay_sse(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
+    upstream: aiohttp.ClientResponse, response: Writer, side: ResponseSide, stats: Stats
 ) -> None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
     caller ends the agent's stream with an error event) after the held bytes are released."""
@@ -507,7 +514,7 @@ async def relay_json(
 
 
 async def relay_observed(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
+    upstream: aiohttp.ClientResponse, response: Writer, side: ResponseSide, stats: Stats
 ) -> None:
     """Relay the body unchanged, chunk by chunk (``response`` prepared by the caller), while
     ``side.capture`` reads it for the store; a failure there stops the reading, never the relay.
@@ -522,7 +529,7 @@ async def relay_observed(
 
 async def _relay_observed(
     upstream: aiohttp.ClientResponse,
-    response: web.StreamResponse,
+    response: Writer,
     side: ResponseSide,
     stats: Stats,
     capture: ResponseCapture | None,

@@ -42,7 +42,9 @@ before it goes out, whether calls came or not: a text-only answer can be stopped
   path, the runaway rule counts the call once it is complete, and a drop drops all its parts.
 
 A stream that ends without ``finishReason`` is released unchanged and stopped short (``complete``
-stays False: the edge ends it with an error, as Gemini CLI itself treats such a stream as invalid).
+stays False: the edge ends it with an error, as Gemini CLI itself treats such a stream as invalid),
+unless none of its responses had a candidate: a blocked prompt (one ``promptFeedback`` event, then
+the end, as Google sends it) or ``{"candidates": []}`` had nothing to finish and passes as it came.
 
 Without ``alt=sse`` the stream is one JSON array of these objects (:class:`GeminiArrayGuard`): its
 elements are read as they arrive (:mod:`proxy.response.json_array`), each as an SSE event, with the
@@ -351,10 +353,12 @@ def _sse(obj: dict[str, Any]) -> bytes:
 class GeminiStreamGuard(DecidingGuard):
     """One streamed Gemini answer (the interface of :class:`proxy.response.stream_guard.FramedGuard`)."""
 
-    __slots__ = ("_base", "_decided", "_finished", "_read", "_reason")
+    __slots__ = ("_base", "_candidates", "_decided", "_finished", "_read", "_reason", "_responses")
 
     def __init__(self, cfg: Config, judge: StopJudge | None) -> None:
         super().__init__(cfg, judge)
+        self._responses = 0  # the events read (GenerateContentResponse objects)
+        self._candidates = False  # one of them had a candidate
         self._decided = False
         self._finished = False  # the finishing event went out
         self._reason: str | None = None  # a cut's finishReason, written into a finishing event
@@ -383,9 +387,11 @@ class GeminiStreamGuard(DecidingGuard):
         if held is None:
             self._relay_rest(ev.raw, out)  # the upstream's error, or not this grammar
             return
+        self._responses += 1
         if self._decided or cand is None:
             self._hold_or_emit(held, False, out)
             return
+        self._candidates = True
         if not self._base:
             self._base = {k: obj[k] for k in _BASE_FIELDS if isinstance(obj.get(k), str)}
         cut: Cut | None = None
@@ -415,6 +421,15 @@ class GeminiStreamGuard(DecidingGuard):
             if runaway is not None:
                 self.actions.append(runaway)
                 self._abort(out, "STOP", set(range(runaway.count, len(self._calls))))
+
+    def _end_of_stream(self, out: bytearray) -> None:
+        """No finishing event came. A stream whose responses carried no candidate at all (a
+        blocked prompt: one ``promptFeedback`` event, then the end, as Google sends it; an empty
+        ``candidates`` list) had nothing to finish: it is complete as it is. Otherwise it stopped
+        short (``complete`` stays False)."""
+        super()._end_of_stream(out)
+        if self._responses and not self._candidates:
+            self.complete = True
 
     # --- decisions --------------------------------------------------------------------------------
 

@@ -500,3 +500,31 @@ async def test_observe_mode_changes_no_byte_of_a_gemini_exchange_yet_counts_the_
     assert (stats["rewritten_requests"], stats["stops"], stats["observed"]["stop"]) == (0, 0, 1)
     assert stats["per_rule"] == {"circuit_breaker": 1, "escalation": 1, "repeat_reminder": 1, "stop": 1}
     assert stats["observed_per_rule"] == stats["per_rule"]
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\r\n\r\n"
+
+
+BLOCKED = {"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": USAGE, "modelVersion": "m"}
+
+
+@pytest.mark.parametrize(
+    ("events", "complete"),
+    [
+        pytest.param([_data(BLOCKED)], True, id="blocked_prompt"),
+        pytest.param([_data({"candidates": []})], True, id="empty_candidates"),
+        pytest.param([_data({"usageMetadata": USAGE}), _data(BLOCKED)], True, id="no_candidate_in_any"),
+        pytest.param([], False, id="no_event_at_all"),
+        pytest.param([event([{"text": "half an ans"}])], False, id="a_candidate_without_finish"),
+        pytest.param([_data(BLOCKED), event([{"text": "x"}])], False, id="a_candidate_after_feedback"),
+    ],
+)
+def test_a_stream_whose_responses_carry_no_candidate_is_complete_as_it_is(
+    events: list[bytes], complete: bool
+) -> None:
+    """A blocked prompt (one ``promptFeedback`` event, then the end) had nothing to finish: it
+    passes byte for byte and is not taken for an answer that stopped short; a stream with a
+    candidate and no ``finishReason``, or no event at all, still is."""
+    out, guard, aborted = run(events, Judge(None))
+    assert (out, guard.complete, aborted, guard.actions) == (b"".join(events), complete, False, [])
