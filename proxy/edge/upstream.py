@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.edge import forward, relay
+from proxy.edge import forward, relay, stopped
 from proxy.edge.answers import error_event, shutdown_response, timeout_response, unreachable_response
 from proxy.edge.keys import (
     CAPTURE_KEY,
@@ -210,13 +210,25 @@ async def send_and_relay(
                     tail = chunk[-16:]
             elif side.kind == "json":
                 response = await relay.relay_json(request, upstream, response, side, st)
+                fields["status"] = response.status  # a stop delivered as an error is a 400
             elif side.kind == "observe":
                 await response.prepare(request)
                 await relay.relay_observed(upstream, response, side, st)
             else:
                 response.headers.popall("Content-Length", None)  # the body may change
-                await response.prepare(request)
-                await relay.relay_sse(upstream, response, side, st)
+                if not side.hold:  # held (stop.deliver: error): prepared when its bytes go out
+                    await response.prepare(request)
+                stop = await relay.relay_sse(upstream, response, side, st, request)
+                if stop is not None:  # stopped before anything was sent: the upstream API's error
+                    fields["status"] = stopped.STATUS
+                    response = web.Response(
+                        status=stopped.STATUS,
+                        body=stopped.stop_body(side.wire, stop),
+                        content_type="application/json",
+                    )
+                    await response.prepare(request)
+                elif not response.prepared:  # an empty answer, held
+                    await response.prepare(request)
             await response.write_eof()
         except asyncio.CancelledError:
             if side is not None and side.delivered:

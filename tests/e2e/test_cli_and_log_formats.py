@@ -87,7 +87,7 @@ def test_check_config_lists_every_error(tmp_path: Path) -> None:
 def test_check_config_prints_admin_token_redacted(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("admin_token: s3cret\nmode: observe\n")
-    done = cli("check-config", str(good))
+    done = cli("check-config", str(good), "--print")
     assert done.returncode == 0
     assert f"\nadmin_token: {REDACTED}\n" in done.stdout
     assert "s3cret" not in done.stdout

@@ -130,6 +130,8 @@ async def test_stop_is_logged_in_the_request_line(
         "count": 9,
         "limit": 2,
         "reason": "denials",
+        "withheld_in_turn": 2,  # what the limit counts, named
+        "after_ignored_denials": 2,
     }
     assert STOP_TEXT not in err  # never message content
 

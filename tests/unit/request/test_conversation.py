@@ -9,7 +9,7 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.config import Config
-from proxy.request.conversation import conversation_key, key_digest
+from proxy.request.conversation import conversation_key, conversation_keys, key_digest
 
 NAMES = Config().conversation_key.headers  # x-session-id, session_id, conversation_id
 
@@ -111,6 +111,16 @@ def test_fingerprint_stable_as_conversation_grows_after_first_tool_call() -> Non
     ]
     keys.add(fp(body(grown)))
     assert len(keys) == 1
+
+
+def test_every_request_after_the_first_call_names_the_key_of_the_opening_as_opened_as() -> None:
+    opening = conversation_keys(CIMultiDict(), body(history(steps=0)), NAMES)
+    assert opening == (fp(body(history(steps=0))), None)
+    later = {conversation_keys(CIMultiDict(), body(history(steps=n)), NAMES) for n in range(1, 5)}
+    assert later == {(fp(body(history(steps=1))), opening[0])}
+    assert opening[0] != fp(body(history(steps=1)))  # two runs of one task part at their first call
+    given = conversation_keys(CIMultiDict({"x-session-id": "s"}), body(history(steps=2)), NAMES)
+    assert given == (key_digest("s"), None)  # a given key is the same from the first request
 
 
 def test_fingerprint_same_for_identical_body_ignoring_other_fields() -> None:
