@@ -36,7 +36,9 @@ def shown(key: str, value: Any) -> str:
     if key in URL_KEYS and isinstance(value, str):
         if urlsplit(value).netloc or re.fullmatch(r"[\w.-]*", value):  # a URL with a host, a word
             return repr(redact_url(value, marked=True))
-        if "@" not in value:  # no user info anywhere (``localhost:8080/v1``): shown, key-like query values marked
+        if (
+            "@" not in value
+        ):  # no user info anywhere (``localhost:8080/v1``): shown, key-like query values marked
             return repr(_CREDENTIAL_PARAM.sub(rf"\1{REDACTED}", value))
         return "a value that is not a URL with a host (not shown)"  # where its user info ends is unknown
     return repr(value)

@@ -58,8 +58,7 @@ from proxy.config import Config
 from proxy.core.actions import Action, Stop
 from proxy.edge.incidents import STOP_KIND, IncidentLog
 from proxy.edge.observe import Stats, action_summary
-from proxy.edge.stopped import STATUS as STOP_STATUS
-from proxy.edge.stopped import STOP_HEADER, enforced_stop, stop_body, stop_event
+from proxy.edge.stopped import STOP_HEADER, enforced_stop, stop_event, stop_response
 from proxy.guards import Context, Guard
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
@@ -549,7 +548,7 @@ async def relay_json(
         new = None
     stop = enforced_stop(side.actions) if new is not None else None
     if stop is not None and side.cfg.stop.deliver == "error":
-        out = web.Response(status=STOP_STATUS, body=stop_body(side.wire, stop), content_type="application/json")
+        out = stop_response(side.wire, stop)
     else:
         out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
         out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)

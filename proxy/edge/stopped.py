@@ -8,8 +8,9 @@ log line and the text's first words, ``[loopguard] Stopped:``.
 
 ``deliver: error``: the stop is the upstream API's own error, so that an agent running unattended
 exits non-zero. HTTP 400 with the body of an invalid request in the wire's own form, which each SDK
-raises as an API error and which Codex CLI, Claude Code, Gemini CLI and Qwen Code treat as final
-(no retry; a 429 or 500 would be retried for minutes, each retry reaching the proxy again):
+raises as an API error, with ``x-should-retry: false`` (which the SDKs honour before their own
+rules) and :data:`STOP_HEADER`; a 429 or 500 would be retried for minutes, each retry reaching the
+proxy again:
 
 - chat completions and Responses: ``{"error": {"message", "type": "invalid_request_error",
   "param": null, "code": "loop_detected", "loopguard": {...}}}`` (the ``openai`` SDK's
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from proxy.core.actions import Action, Stop
 
@@ -41,6 +43,9 @@ LOOP_DETECTED = "loop_detected"
 STOP_HEADER = "x-loopguard-stop"
 #: The HTTP status of a stop delivered as an error: a client error, which agents do not retry.
 STATUS = 400
+#: Said on that error too: the ``openai`` and ``anthropic`` SDKs (and the agents built on them)
+#: read ``x-should-retry`` before their own rules, so none retries it.
+NO_RETRY = {"x-should-retry": "false"}
 
 
 def enforced_stop(actions: Iterable[Action]) -> Stop | None:
@@ -63,7 +68,12 @@ def _error(wire: str, stop: Stop) -> dict[str, Any]:
         }
         return {"code": STATUS, "message": stop.text, "status": "INVALID_ARGUMENT", "details": [info]}
     if wire == "messages":
-        return {"type": "invalid_request_error", "message": stop.text, "code": LOOP_DETECTED, "loopguard": _about(stop)}
+        return {
+            "type": "invalid_request_error",
+            "message": stop.text,
+            "code": LOOP_DETECTED,
+            "loopguard": _about(stop),
+        }
     return {
         "message": stop.text,
         "type": "invalid_request_error",
@@ -96,3 +106,14 @@ def stop_event(wire: str, stop: Stop, sequence: int | None = None) -> bytes:
     if wire == "messages":
         return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+def stop_response(wire: str, stop: Stop) -> web.Response:
+    """The HTTP 400 that delivers ``stop`` as an error on ``wire`` (:func:`stop_body`), with
+    ``x-should-retry: false`` and :data:`STOP_HEADER`."""
+    return web.Response(
+        status=STATUS,
+        body=stop_body(wire, stop),
+        content_type="application/json",
+        headers={**NO_RETRY, STOP_HEADER: stop.reason or stop.rule},
+    )

@@ -76,9 +76,7 @@ async def relay_streamed(
     stop = stopped.enforced_stop(side.actions) if side is not None else None
     if stop is not None and side is not None and side.cfg.stop.deliver == "error":
         fields["status"] = stopped.STATUS
-        return web.Response(
-            status=stopped.STATUS, body=stopped.stop_body("chat", stop), content_type="application/json"
-        )
+        return stopped.stop_response("chat", stop)
     fields["status"] = status
     for name in _STREAM_HEADERS:
         headers.popall(name, None)

@@ -221,11 +221,7 @@ async def send_and_relay(
                 stop = await relay.relay_sse(upstream, response, side, st, request)
                 if stop is not None:  # stopped before anything was sent: the upstream API's error
                     fields["status"] = stopped.STATUS
-                    response = web.Response(
-                        status=stopped.STATUS,
-                        body=stopped.stop_body(side.wire, stop),
-                        content_type="application/json",
-                    )
+                    response = stopped.stop_response(side.wire, stop)
                     await response.prepare(request)
                 elif not response.prepared:  # an empty answer, held
                     await response.prepare(request)

@@ -132,7 +132,9 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
     return conversation_keys(headers, body, header_names)[0]
 
 
-def conversation_keys(headers: Mapping[str, str], body: Any, header_names: Sequence[str]) -> tuple[str, str | None]:
+def conversation_keys(
+    headers: Mapping[str, str], body: Any, header_names: Sequence[str]
+) -> tuple[str, str | None]:
     """(:func:`conversation_key`, ``opened_as``): for a fingerprint that reads a first tool call,
     the fingerprint the same conversation had before its first call (the same system and user
     message, no call id), which its first request was keyed by; else None. Two runs of one task

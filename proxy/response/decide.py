@@ -305,7 +305,13 @@ class StopJudge:
         )
         evidence = (("same_replies_in_a_row", count), ("stop_at", limit))
         return Stop(
-            text=body, rule=STOP_RULE, tool=tool, count=count, limit=limit, reason=MONOLOGUE, evidence=evidence
+            text=body,
+            rule=STOP_RULE,
+            tool=tool,
+            count=count,
+            limit=limit,
+            reason=MONOLOGUE,
+            evidence=evidence,
         )
 
     def _stop(self, kind: str, w: Withhold, limit: int | None) -> Stop:
@@ -316,7 +322,11 @@ class StopJudge:
         if kind == CAP:
             evidence = (("calls_in_conversation", w.count), ("max_calls_per_agent", limit))
         elif kind == ESCALATION:  # the ladder's withhold counts the reminders its call ignored
-            evidence = (("ignored_reminders", w.count), ("after_reminders", limit), ("withheld_in_turn", self.withheld))
+            evidence = (
+                ("ignored_reminders", w.count),
+                ("after_reminders", limit),
+                ("withheld_in_turn", self.withheld),
+            )
         else:
             evidence = (("withheld_in_turn", self.withheld), ("after_ignored_denials", limit))
         return Stop(

@@ -197,7 +197,9 @@ def test_check_config_redacts_urls_and_shows_an_empty_admin_token_as_off(tmp_pat
 
 
 def test_an_unset_admin_token_stays_null_and_urls_without_credentials_stay_as_written(tmp_path: Path) -> None:
-    done = cli("check-config", str(_file(tmp_path, "state: {backend: 'unix:///run/redis.sock'}\n")), "--print")
+    done = cli(
+        "check-config", str(_file(tmp_path, "state: {backend: 'unix:///run/redis.sock'}\n")), "--print"
+    )
     lines = done.stdout.splitlines()
     assert "admin_token: null" in lines
     assert "  url: http://127.0.0.1:8080/v1" in lines

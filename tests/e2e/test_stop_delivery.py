@@ -194,11 +194,14 @@ def answering(wire: Wire, stream: bool, gate: asyncio.Event | None = None) -> An
 
 
 async def post(base: str, wire: Wire, stream: bool, messages: list[dict[str, Any]]) -> tuple[int, Any, bytes]:
-    async with aiohttp.ClientSession() as s, s.post(
-        base + wire.path(stream),
-        data=orjson.dumps(wire.body(messages, stream)),
-        headers={"Content-Type": "application/json", "x-session-id": f"run-{wire.name}"},
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            base + wire.path(stream),
+            data=orjson.dumps(wire.body(messages, stream)),
+            headers={"Content-Type": "application/json", "x-session-id": f"run-{wire.name}"},
+        ) as r,
+    ):
         return r.status, r.headers, await r.read()
 
 
@@ -255,9 +258,10 @@ async def test_deliver_error_streams_an_answer_that_cannot_be_stopped_unheld(
     upstream.handler = answering(wire, True, gate)
     base = await make_proxy({**NO_LADDER, "stop": {"deliver": "error"}})
     body = orjson.dumps(wire.body(repeated_call_messages(2), True))
-    async with aiohttp.ClientSession() as s, s.post(
-        base + wire.path(True), data=body, headers={"Content-Type": "application/json"}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(base + wire.path(True), data=body, headers={"Content-Type": "application/json"}) as r,
+    ):
         assert r.status == 200
         head = await asyncio.wait_for(r.content.readany(), 5)  # before the last event is sent
         whole = b"".join(wire.sse_answer)
@@ -349,7 +353,9 @@ async def test_openai_sdk_raises_on_the_error_event_of_a_chat_stream_under_way(
     try:
         with pytest.raises(openai.APIError) as exc:
             got = await client.chat.completions.create(
-                model="m", messages=repeated_call_messages(8), stream=True  # type: ignore[arg-type]
+                model="m",
+                messages=repeated_call_messages(8),
+                stream=True,  # type: ignore[arg-type]
             )
             async for _ in got:
                 pass
