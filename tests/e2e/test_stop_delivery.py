@@ -383,3 +383,34 @@ async def test_anthropic_sdk_raises_on_the_error_event_of_a_stream_under_way(
     finally:
         await client.close()
     assert STOP_TEXT in str(exc.value)
+
+
+async def test_deliver_error_on_a_json_request_sent_upstream_as_a_stream(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    """``upstream.stream_json_requests``: the agent asked for JSON, the upstream streamed; the
+    stop is the same 400 (with no retry wanted) as for any JSON answer."""
+    wire = WIRES[IDS.index("chat")]
+    upstream.handler = answering(wire, True)
+    base = await make_proxy(
+        {**NO_LADDER, "stop": {"deliver": "error"}, "upstream": {"stream_json_requests": True}}
+    )
+    status, headers, raw = await post(base, wire, False, repeated_call_messages(8))
+    assert (status, orjson.loads(raw)) == (400, wire.error)
+    assert (headers["x-should-retry"], headers["x-loopguard-stop"]) == ("false", "denials")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_an_observed_stop_is_no_error(upstream: FakeUpstream, make_proxy, stream: bool) -> None:
+    """``stop.mode: observe`` with ``deliver: error``: the stop is only observed, so the agent gets
+    the upstream's answer unchanged, as a 200."""
+    wire = WIRES[IDS.index("chat")]
+    upstream.handler = answering(wire, stream)
+    base = await make_proxy({**NO_LADDER, "stop": {"deliver": "error", "mode": "observe"}})
+    status, headers, raw = await post(base, wire, stream, repeated_call_messages(8))
+    assert status == 200
+    if stream:
+        assert raw == b"".join(wire.sse_answer)
+    else:
+        assert orjson.loads(raw) == wire.json_answer
+    assert "x-loopguard-stop" not in headers
