@@ -162,12 +162,23 @@ def conversation_keys(
                 _first(messages, ("user",)),
                 _first_call_id(messages),
             ]
-            key = _fingerprint(parts)
-            if parts[2] is None:
-                return key, None
-            return key, _fingerprint([parts[0], parts[1], None])
+            return _fingerprints(parts)
     return "unknown", None
 
 
-def _fingerprint(parts: list[Any]) -> str:
-    return f"fp-{hashlib.sha256(jsonbody.dumps(parts, default=str)).hexdigest()[:16]}"
+def _fingerprints(parts: list[Any]) -> tuple[str, str | None]:
+    """The fingerprint of ``parts`` (system, user, first call id) and, when there is a call id,
+    that of the same parts without it, from one serialization and one hash pass over the
+    shared prefix (a coding agent's opening is tens of KiB)."""
+    raw = jsonbody.dumps(parts, default=str)
+    tail = b"," + jsonbody.dumps(parts[2], default=str) + b"]"
+    if parts[2] is None or not raw.endswith(tail):
+        opened = None
+        if parts[2] is not None:  # a lone surrogate made the list ASCII-escaped: the slow way
+            opened = f"fp-{hashlib.sha256(jsonbody.dumps([*parts[:2], None], default=str)).hexdigest()[:16]}"
+        return f"fp-{hashlib.sha256(raw).hexdigest()[:16]}", opened
+    prefix = hashlib.sha256(memoryview(raw)[: len(raw) - len(tail)])
+    opening = prefix.copy()
+    prefix.update(tail)
+    opening.update(b",null]")
+    return f"fp-{prefix.hexdigest()[:16]}", f"fp-{opening.hexdigest()[:16]}"
