@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.config.redact import redact_url
+from proxy.config.redact import REDACTED, redact_url
 from proxy.errors import ConfigError
 
 try:  # the standard library's own regular expression parser (3.11+: re._parser)
@@ -34,13 +34,19 @@ URL_KEYS = frozenset({"upstream.url", "state.backend"})
 
 def shown(key: str, value: Any) -> str:
     """``value`` as an error message about ``key`` may show it: a credential's type only
-    (``a value of type int (not shown)``), a URL redacted (:func:`redact_url` with ``marked``),
-    anything else its ``repr``."""
+    (``a value of type int (not shown)``), a URL redacted (:func:`redact_url` with ``marked``), a
+    URL-key value without a host and without ``@`` (``localhost:8080/v1``: no user info) as
+    written with key-like query values marked, one with ``@`` not at all, anything else its
+    ``repr``."""
     if key in SECRET_KEYS:
         return f"a value of type {type(value).__name__} (not shown)"
     if key in URL_KEYS and isinstance(value, str):
         if urlsplit(value).netloc or re.fullmatch(r"[\w.-]*", value):  # a URL with a host, a word
             return repr(redact_url(value, marked=True))
+        if (
+            "@" not in value
+        ):  # no user info anywhere (``localhost:8080/v1``): shown, key-like query values marked
+            return repr(_CREDENTIAL_PARAM.sub(rf"\1{REDACTED}", value))
         return "a value that is not a URL with a host (not shown)"  # where its user info ends is unknown
     return repr(value)
 
@@ -175,6 +181,13 @@ def nested_quantifier(pattern: str, flags: int = 0) -> bool:
     classic catastrophic-backtracking shape (OWASP, "Regular expression Denial of Service");
     overlapping alternatives (``(a|aa)+``) are not detected."""
     return _nested(_sre_parse.parse(pattern, flags))
+
+
+#: A query parameter whose value may be a credential (``api-key=``, ``token=``, ``sig=``…), in a
+#: value shown although it is not a URL with a host: its value is marked :data:`REDACTED`.
+_CREDENTIAL_PARAM = re.compile(
+    r"([?&;][^=&;#]*(?:key|token|secret|pass|pw|auth|sig|credential|session)[^=&;#]*=)[^&;#]*", re.I
+)
 
 
 def compile_failure_pattern(pattern: str) -> re.Pattern[str]:

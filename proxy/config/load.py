@@ -12,6 +12,7 @@ takes its default, so the rest of its section is still checked.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from collections.abc import Iterator
@@ -65,6 +66,21 @@ def _field_of(cls: type, loc: Loc) -> Loc:
             return loc[: i + 1]
         sections = _sections(sub)
     return loc
+
+
+def _nearest(cls: type, loc: Loc) -> str:
+    """For an unknown key at ``loc``: `` (did you mean 'port'?)`` naming the closest known key of
+    its section (:func:`difflib.get_close_matches`, its default cutoff 0.6), else ``""``."""
+    section: type | None = cls
+    for part in loc[:-1]:
+        if section is None or not isinstance(part, str):
+            return ""
+        section = _sections(section).get(part)
+    name = loc[-1] if loc else None
+    if section is None or not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(_sections(section)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _key(path: str, loc: Loc, unknown: bool) -> str:
@@ -180,7 +196,10 @@ def build(cls: type, data: Any, path: str = "", errors: list[ConfigError] | None
             loc = tuple(error["loc"])
             unknown = error["type"] in ("unexpected_keyword_argument", "invalid_key")
             key = _key(path, loc, unknown)
-            typed.setdefault(_field_of(cls, loc), []).append(ConfigError(key, _message(error, key)))
+            message = _message(error, key)
+            if message == "unknown key":
+                message += _nearest(cls, loc)
+            typed.setdefault(_field_of(cls, loc), []).append(ConfigError(key, message))
         obj = adapter(cls).validate_python(_normalized(cls, data, set(typed)))
     found.extend(_ordered(cls, data, obj, path, typed, ()))
     if found and errors is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from proxy.config import checks
 from proxy.config.fields import SECTION, Bool, Bound, Int, Mode, Str
@@ -33,6 +33,12 @@ class StopConfig:
     message: Str = ""
     """The text, a template with {tool}, {count}, {limit}, {kind} (denials | cap | monologue |
     escalation), {denials}; "" = the built-in text for each kind."""
+    deliver: Literal["answer", "error"] = "answer"
+    """answer: the stop is the model's final answer (the agent ends its turn as when the model is
+    done and exits 0). error: the stop is the upstream API's own error, HTTP 400 with the
+    wire's invalid_request_error body and code loop_detected (Gemini: INVALID_ARGUMENT, reason
+    LOOP_DETECTED), so an unattended agent exits non-zero; a stream that could be stopped is
+    held until its answer is decided."""
     mode: Mode = "enforce"
     """enforce | observe: every stop (denials, cap, monologue, escalation)."""
 

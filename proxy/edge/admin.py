@@ -166,7 +166,11 @@ async def stats(request: web.Request) -> web.Response:
                     memory.store.put(key, remote)
         view = memory.view(key, memory.clock())
         if view is None:
-            message = f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off)"
+            message = (
+                f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off; "
+                "a fingerprinted conversation's first request, before its first tool call, is logged "
+                "under the key its later lines name opened_as: ask for their conversation key)"
+            )
             return web.Response(
                 status=404, body=error_body(message, "not_found", 404), content_type="application/json"
             )

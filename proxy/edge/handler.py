@@ -151,6 +151,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
         "method": request.method,
         "path": request.path,
         "conversation": decision.conversation or None,
+        **({"opened_as": decision.opened_as} if decision.opened_as else {}),
         "model": decision.model,
         "stream": decision.stream,
         "rewritten": decision.changed,

@@ -59,6 +59,7 @@ from proxy.config import Config
 from proxy.core.actions import Action, Stop
 from proxy.edge.incidents import STOP_KIND, IncidentLog
 from proxy.edge.observe import Stats, action_summary
+from proxy.edge.stopped import STOP_HEADER, enforced_stop, stop_event, stop_response
 from proxy.guards import Context, Guard
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
@@ -101,6 +102,16 @@ class Writer(Protocol):
     async def write(self, data: bytes) -> None: ...
 
 
+class StreamWriter(Writer, Protocol):
+    """A :class:`Writer` that is prepared (its status and headers sent) on demand: an answer held
+    whole (``stop.deliver: error``) sends its headers only when its bytes go out."""
+
+    @property
+    def prepared(self) -> bool: ...
+
+    async def prepare(self, request: web.BaseRequest) -> Any: ...
+
+
 @dataclass
 class ResponseSide:
     """What the response side needs for one request, and the actions it took."""
@@ -129,6 +140,9 @@ class ResponseSide:
     tap: Assembly | bytearray | None = None
     #: why the answer (or its rest) went out unread (:data:`UNREAD_REASONS`), None: it was read
     unread: str | None = None
+    #: ``stop.deliver: error`` and this answer could be stopped (:attr:`StopJudge.possible`): an
+    #: SSE answer is held, headers included, until decided, so a stop can be the HTTP error
+    hold: bool = False
 
     def read(self, chunk: bytes, stats: Stats) -> None:
         """Upstream bytes, as they came, for the shadow and the capture tap (never raises)."""
@@ -349,6 +363,12 @@ def _plan(
             shadow=shadow,
             unread=unread,
         )
+    hold = (
+        kind == "sse"
+        and enforce_cfg.stop.deliver == "error"
+        and judge is not None
+        and bool(getattr(judge, "possible", False))
+    )
     return ResponseSide(
         kind,
         enforce_cfg,
@@ -357,6 +377,7 @@ def _plan(
         on_answer=on_answer if wire == "responses" else None,
         shadow=shadow,
         repair=fix,
+        hold=hold,
     )
 
 
@@ -392,21 +413,58 @@ _STREAM_GUARDS: dict[str, type[FramedGuard]] = {
 
 
 async def relay_sse(
-    upstream: aiohttp.ClientResponse, response: Writer, side: ResponseSide, stats: Stats
-) -> None:
+    upstream: aiohttp.ClientResponse,
+    response: StreamWriter,
+    side: ResponseSide,
+    stats: Stats,
+    request: web.Request | None = None,
+) -> Stop | None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
-    caller ends the agent's stream with an error event) after the held bytes are released."""
+    caller ends the agent's stream with an error event) after the held bytes are released.
+
+    ``stop.deliver: error``: with ``side.hold`` nothing is written (``response`` is prepared, by
+    ``request``, only when there is something to write) until the answer is decided; a stop
+    then returns it, nothing written, for the caller to answer the HTTP error
+    (:mod:`proxy.edge.stopped`). A stop in a stream already under way ends it with the error
+    event instead. Returns None otherwise."""
     guard: FramedGuard | None = (
         StreamGuard(side.cfg, side.judge, side.repair)
         if side.wire == "chat"
         else _STREAM_GUARDS[side.wire](side.cfg, side.judge)
     )
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
+    error_mode = side.cfg.stop.deliver == "error"
+    held: bytearray | None = bytearray() if side.hold else None
+
+    async def write(data: bytes) -> None:
+        nonlocal held
+        if held is not None:
+            held += data
+            return
+        if not response.prepared and request is not None:
+            await response.prepare(request)
+        await response.write(data)
+
+    async def let_go() -> None:  # the answer is decided (or broken): what was held goes out
+        nonlocal held
+        data, held = held, None
+        if data is not None:
+            await write(bytes(data))
+
+    async def stopped(stop: Stop) -> Stop | None:
+        """A stop delivered as an error: the HTTP error when nothing was sent, else the event."""
+        upstream.close()  # the server stops generating now
+        if held is not None:
+            return stop
+        await write(stop_event(side.wire, stop))
+        side.delivered = True
+        return None
+
     try:
         async for chunk in upstream.content.iter_any():
             side.read(chunk, stats)
             if guard is None:
-                await response.write(chunk)
+                await write(chunk)
                 continue
             try:
                 out = guard.feed(chunk)
@@ -417,19 +475,24 @@ async def relay_sse(
                 side.actions.extend(guard.actions)
                 side.unread = INTERNAL_ERROR
                 guard = None
-                await response.write(bytes(unsettled) + chunk)
+                await write(bytes(unsettled) + chunk)
+                await let_go()
                 continue
+            stop = enforced_stop(guard.actions) if error_mode else None
+            if stop is not None:
+                return await stopped(stop)
             if out.abort:
                 upstream.close()  # the server stops generating now
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)
                 await side.settle()
             if out.data:
-                await response.write(out.data)
+                await write(out.data)
             if guard.complete and guard.received == guard.settled:
                 side.delivered = True
             if out.abort:
-                return
+                await let_go()
+                return None
         if guard is not None:
             try:
                 tail = guard.finish()
@@ -439,22 +502,29 @@ async def relay_sse(
                 side.unread = INTERNAL_ERROR
                 tail = bytes(unsettled)
                 complete = True  # our own failure: nothing known about the upstream's stream
+            stop = enforced_stop(guard.actions) if error_mode else None
+            if stop is not None:
+                return await stopped(stop)
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)  # its final event ended only with the stream
                 await side.settle()
             if tail:
-                await response.write(tail)
+                await write(tail)
+            await let_go()
             if not complete:
                 raise IncompleteStream("the upstream stream ended without a finish_reason or [DONE]")
+        await let_go()
+        return None
     except (aiohttp.ClientError, asyncio.TimeoutError):
         if guard is not None:
             try:
-                held = guard.release()
+                released = guard.release()
             except Exception as exc:
                 failed(stats, "sse", exc)
-                held = bytes(unsettled)
-            if held:
-                await response.write(held)
+                released = bytes(unsettled)
+            if released:
+                await write(released)
+        await let_go()
         raise
     finally:
         if guard is not None:
@@ -505,9 +575,15 @@ async def relay_json(
         failed(stats, "json", exc)
         side.unread = INTERNAL_ERROR
         new = None
-    out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
-    out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
-    out.body = raw if new is None else new
+    stop = enforced_stop(side.actions) if new is not None else None
+    if stop is not None and side.cfg.stop.deliver == "error":
+        out = stop_response(side.wire, stop)
+    else:
+        out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
+        out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
+        out.body = raw if new is None else new
+        if stop is not None:
+            out.headers[STOP_HEADER] = stop.reason or stop.rule
     await out.prepare(request)
     await out.write_eof()
     return out

@@ -28,7 +28,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.edge import forward, relay
+from proxy.edge import forward, relay, stopped
 from proxy.edge.answers import error_event, shutdown_response, timeout_response, unreachable_response
 from proxy.edge.keys import (
     CAPTURE_KEY,
@@ -216,13 +216,22 @@ async def send_and_relay(
                     tail = chunk[-16:]
             elif side.kind == "json":
                 response = await relay.relay_json(request, upstream, response, side, st)
+                fields["status"] = response.status  # a stop delivered as an error is a 400
             elif side.kind == "observe":
                 await response.prepare(request)
                 await relay.relay_observed(upstream, out, side, st)
             else:
                 response.headers.popall("Content-Length", None)  # the body may change
-                await response.prepare(request)
-                await relay.relay_sse(upstream, out, side, st)
+                if not side.hold:  # held (stop.deliver: error): prepared when its bytes go out
+                    await response.prepare(request)
+                stop = await relay.relay_sse(upstream, out, side, st, request)
+                if stop is not None:  # stopped before anything was sent: the upstream API's error
+                    fields["status"] = stopped.STATUS
+                    response = stopped.stop_response(side.wire, stop)
+                    await response.prepare(request)
+                    out = response  # nothing went through the gate
+                elif not response.prepared:  # an empty answer, held
+                    await response.prepare(request)
             if isinstance(out, GatedStream):
                 await out.flush()
             await response.write_eof()
@@ -302,6 +311,13 @@ class GatedStream:
     def __init__(self, response: web.StreamResponse) -> None:
         self.response = response
         self.gate = EventGate()
+
+    @property
+    def prepared(self) -> bool:
+        return self.response.prepared
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        await self.response.prepare(request)
 
     async def write(self, data: bytes) -> None:
         now = self.gate.feed(data)

@@ -191,6 +191,7 @@ class StopJudge:
         "_escalated",
         "_guards",
         "_monologue",
+        "_room",
         "_transcript",
         "action_shapes",
         "on_text_only",
@@ -224,6 +225,8 @@ class StopJudge:
         self._after = cfg.stop.after_ignored_denials
         breaker = cfg.guards.circuit_breaker
         self._cap = breaker.max_calls_per_agent if cfg.stop.on_cap and breaker.enabled else 0
+        # the most calls one answer can bring (a longer one is cut first): how near the cap must be
+        self._room = cfg.response.max_calls_per_response or 1 << 30
         # monologue: the request-side rule says how long the same-text run would get
         self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
         #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
@@ -241,6 +244,16 @@ class StopJudge:
             isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
             for a in reversed(request_actions)
         )
+
+    @property
+    def possible(self) -> bool:
+        """Some answer to this request could be stopped (no guard run): the turn already has
+        ``stop.after_ignored_denials`` withheld results, the ladder withheld in it, a text could
+        complete a monologue, or one answer's calls could reach the lifetime cap. False means
+        no answer is stopped, so ``stop.deliver: error`` streams such an answer unheld."""
+        if 0 < self._after <= self.withheld or self._escalated or self.on_text_only:
+            return True
+        return 0 < self._cap < len(self._transcript.calls) + self._room
 
     @staticmethod
     def enabled(cfg: Config) -> bool:
@@ -291,13 +304,35 @@ class StopJudge:
         body = stop_template(self._cfg, MONOLOGUE).format(
             tool=tool, count=count, limit=limit, kind=MONOLOGUE, denials=self.withheld
         )
-        return Stop(text=body, rule=STOP_RULE, tool=tool, count=count, limit=limit, reason=MONOLOGUE)
+        evidence = (("same_replies_in_a_row", count), ("stop_at", limit))
+        return Stop(
+            text=body,
+            rule=STOP_RULE,
+            tool=tool,
+            count=count,
+            limit=limit,
+            reason=MONOLOGUE,
+            evidence=evidence,
+        )
 
     def _stop(self, kind: str, w: Withhold, limit: int | None) -> Stop:
         text = stop_template(self._cfg, kind).format(
             tool=w.tool, count=w.count, limit=limit, kind=kind, denials=self.withheld
         )
-        return Stop(text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind)
+        evidence: tuple[tuple[str, int | None], ...]
+        if kind == CAP:
+            evidence = (("calls_in_conversation", w.count), ("max_calls_per_agent", limit))
+        elif kind == ESCALATION:  # the ladder's withhold counts the reminders its call ignored
+            evidence = (
+                ("ignored_reminders", w.count),
+                ("after_reminders", limit),
+                ("withheld_in_turn", self.withheld),
+            )
+        else:
+            evidence = (("withheld_in_turn", self.withheld), ("after_ignored_denials", limit))
+        return Stop(
+            text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind, evidence=evidence
+        )
 
 
 @lru_cache(maxsize=4)
@@ -614,6 +649,8 @@ class LazyJudge:
     __slots__ = ("_judge", "_make", "action_shapes")
 
     on_text_only = False
+    #: no call in the history: no withheld result, no ladder, no monologue (as :attr:`StopJudge.possible`)
+    possible = False
 
     def __init__(self, make: Callable[[], StopJudge | None], action_shapes: frozenset[str]) -> None:
         self._make: Callable[[], StopJudge | None] | None = make

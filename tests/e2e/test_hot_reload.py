@@ -126,7 +126,7 @@ REJECTED = [
     ),
     pytest.param(
         "admin_token: tok\nguards: {repeat_remindr: {}}\n",
-        "guards.repeat_remindr: unknown key",
+        "guards.repeat_remindr: unknown key (did you mean 'repeat_reminder'?)",
         id="unknown_key",
     ),
     pytest.param("admin_token: [tok\n", "<file>: ", id="not_yaml"),

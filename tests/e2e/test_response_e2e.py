@@ -130,8 +130,41 @@ async def test_stop_is_logged_in_the_request_line(
         "count": 9,
         "limit": 2,
         "reason": "denials",
+        "withheld_in_turn": 2,  # what the limit counts, named
+        "after_ignored_denials": 2,
     }
     assert STOP_TEXT not in err  # never message content
+
+
+async def test_a_fingerprinted_conversations_lines_name_the_key_of_its_first_request(
+    upstream: FakeUpstream, make_proxy, agent, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No conversation header: the first request (no tool call yet) is keyed by the opening's
+    fingerprint, the later ones by one that reads the first call's id too; each later line says
+    ``opened_as`` the first one's key."""
+    saved = structlog.get_config()
+    configure_logging("info")
+    try:
+        base = await make_proxy()
+        capfd.readouterr()
+        for history in (repeated_call_messages(0), repeated_call_messages(1), repeated_call_messages(2)):
+            body = orjson.dumps({"model": "m", "messages": history})
+            async with agent.post(base + CHAT, data=body) as r:
+                await r.read()
+        err = ""
+        for _ in range(200):
+            err += capfd.readouterr().err
+            if err.count('"request"') >= 3:
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        structlog.configure(**saved)
+    lines = [
+        orjson.loads(x) for x in err.splitlines() if '"event": "request"' in x or '"event":"request"' in x
+    ]
+    first, *later = [(x["conversation"], x.get("opened_as")) for x in lines]
+    assert first[1] is None and first[0].startswith("fp-")
+    assert later == [(later[0][0], first[0])] * 2 and later[0][0] != first[0]
 
 
 # --- runaway ------------------------------------------------------------------------------------------

@@ -12,7 +12,13 @@ from proxy.errors import ConfigError
 
 def test_defaults_match_the_issue() -> None:
     plain = to_plain(Config())
-    assert plain["stop"] == {"after_ignored_denials": 2, "on_cap": True, "message": "", "mode": "enforce"}
+    assert plain["stop"] == {
+        "after_ignored_denials": 2,
+        "on_cap": True,
+        "message": "",
+        "deliver": "answer",
+        "mode": "enforce",
+    }
     assert plain["response"] == {
         "max_calls_per_response": 32,
         "max_identical_per_response": 2,

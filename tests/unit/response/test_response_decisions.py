@@ -62,11 +62,35 @@ def test_stop_after_two_ignored_denials() -> None:
         count=9,
         limit=2,
         reason="denials",
+        evidence=(("withheld_in_turn", 2), ("after_ignored_denials", 2)),
     )
     assert stop.text == (
         "[loopguard] Stopped: the model kept calling read_file (9 times) and ignored 2 withheld results, "
         "so loopguard ended its turn here; that last call was not run. Send a message to continue."
     )
+
+
+@pytest.mark.parametrize(
+    ("messages", "config", "possible"),
+    [
+        pytest.param(repeated_call_messages(8), None, True, id="two_withheld_results"),
+        pytest.param(repeated_call_messages(7), None, False, id="one_withheld_result"),
+        pytest.param(repeated_call_messages(2), None, False, id="a_healthy_start"),
+        pytest.param(
+            repeated_call_messages(8), {"stop": {"after_ignored_denials": 0}}, False, id="denials_stop_off"
+        ),
+        pytest.param(
+            repeated_call_messages(2),
+            {"guards": {"circuit_breaker": {"max_calls_per_agent": 20}}},
+            True,
+            id="cap_within_one_answer",
+        ),
+    ],
+)
+def test_a_stop_is_possible_only_near_one(messages: list[Any], config: Any, possible: bool) -> None:
+    """:attr:`StopJudge.possible` (what ``stop.deliver: error`` holds a stream for): no guard run,
+    True only when some answer to this request could be stopped."""
+    assert judge_for(messages, config).possible is possible
 
 
 @pytest.mark.parametrize(
