@@ -307,7 +307,7 @@ import dataclasses, json, sys, typing
 from proxy.config import Config
 ON = sys.argv[1] == "on"
 OFF = {"after_ignored_denials": 0, "on_cap": False, "max_calls_per_response": 0,
-       "max_identical_per_response": 0}
+       "max_identical_per_response": 0, "max_identical_reads_per_response": 0}
 def walk(cls):
     hints, out = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):

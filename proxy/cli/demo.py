@@ -12,6 +12,8 @@ by comparing what the agent sent with what the model received, and, when the pro
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import textwrap
 from typing import Any
 
@@ -96,6 +98,13 @@ def _show(label: str, text: str) -> None:
         print(textwrap.indent(textwrap.fill(line, 88) if line else "", "          | "))
 
 
+def invoked_as(argv0: str) -> str:
+    """The command to name in the demo's closing line, as the user ran loopguard: the path typed
+    (``.venv/bin/loopguard``, or ``loopguard`` in an activated venv), else (``python -m proxy``)
+    the README's ``.venv/bin/loopguard``, so the line works where the README's commands do."""
+    return argv0 if os.path.basename(argv0) == "loopguard" else ".venv/bin/loopguard"
+
+
 async def run_demo(cfg: Config, steps: int = 20) -> int:
     """Run the demo and print it. Returns the process exit code (0)."""
     seen: list[list[dict[str, Any]]] = []
@@ -165,5 +174,6 @@ async def run_demo(cfg: Config, steps: int = 20) -> int:
         await model.cleanup()
         structlog.configure(**saved_logging)
     print(f"\nGET /loop-guard: {orjson.dumps(stats).decode()}")
-    print("Next: `loopguard serve --upstream http://127.0.0.1:8080/v1` and point your agent at it.")
+    command = invoked_as(sys.argv[0])
+    print(f"Next: `{command} serve --upstream http://127.0.0.1:8080/v1` and point your agent at it.")
     return 0

@@ -107,13 +107,20 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="YAML config file to run the demo with")
     c = sub.add_parser(
         "check-config",
-        help="validate a config file and print the effective config",
-        description="Validate a config file: every error is listed (exit 2), else the effective "
-        "config is printed (admin_token redacted, or shown as off when empty; user info and query "
+        help="validate a config file",
+        description="Validate a config file: every error is listed (exit 2), else one line says "
+        "what was checked and that the file is valid. With --print, the effective config is "
+        "printed too (admin_token redacted, or shown as off when empty; user info and query "
         "values of upstream.url and state.backend redacted). With --schema, print the config "
         "file's JSON Schema instead (for editors: every key's type, default and description).",
     )
     c.add_argument("file", nargs="?")
+    c.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_config",
+        help="print the effective config (the file over the defaults) as YAML on stdout",
+    )
     c.add_argument("--schema", action="store_true", help="print the JSON Schema of a config file")
     r = sub.add_parser(
         "replay",
@@ -157,13 +164,28 @@ def shown_config(cfg: Config) -> dict[str, object]:
     return plain
 
 
-def _check_config(path: str) -> int:
+def valid_line(path: str, cfg: Config, hint: bool = True) -> str:
+    """What ``check-config`` says of a valid file: what was checked, and the guards it enables
+    with their modes (as the ``listening`` line names them)."""
+    modes = ", ".join(f"{name} ({mode})" for name, mode in cfg.modes().items())
+    return (
+        f"loopguard: {path} is valid: every key is known and every value has its type and range "
+        f"(templates, patterns and URLs included); unset keys take their defaults. Enabled: {modes}."
+        + (" --print shows the effective config." if hint else "")
+    )
+
+
+def _check_config(path: str, print_config: bool = False) -> int:
     cfg, errors = config_errors(path)
     if errors or cfg is None:
         for e in errors:  # one line each, as serve says its one
             print(f"loopguard: invalid configuration: {e}", file=sys.stderr)
         return 2
-    sys.stdout.write(yaml.safe_dump(shown_config(cfg), sort_keys=False))
+    if print_config:  # stdout stays YAML alone (pipe it to a file); the verdict goes to stderr
+        sys.stdout.write(yaml.safe_dump(shown_config(cfg), sort_keys=False))
+        print(valid_line(path, cfg, hint=False), file=sys.stderr)
+    else:
+        print(valid_line(path, cfg))
     return 0
 
 
@@ -223,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             sys.stdout.write(schema_text())
             return 0
-        return _check_config(args.file)
+        return _check_config(args.file, args.print_config)
     try:
         if args.command == "demo":
             from proxy.cli.demo import run_demo

@@ -234,7 +234,9 @@ def load(paths: Sequence[str | Path], skipped: dict[str, int] | None = None) -> 
 class Act:
     """One action at its call: ``call`` (1-based, :mod:`module docstring <proxy.cli.replay>`),
     ``rule``, ``kind``, ``side`` (``request`` or ``response``), ``exchange`` (0-based index of
-    the request), ``mode`` (``enforce`` or ``observe``), ``reason`` (withhold, stop, cut)."""
+    the request), ``mode`` (``enforce`` or ``observe``), ``reason`` (withhold, stop, cut),
+    ``count`` and ``limit``: the action's evidence as the log line has it (two reminders of one
+    rule at one call, a step whose parallel calls passed two thresholds, differ there)."""
 
     call: int
     rule: str
@@ -243,6 +245,13 @@ class Act:
     exchange: int
     mode: str = "enforce"
     reason: str = ""
+    count: int = 0
+    limit: int | None = None
+
+    @property
+    def evidence(self) -> str:
+        """``count/limit``, or ``count`` when the action has no limit."""
+        return str(self.count) if self.limit is None else f"{self.count}/{self.limit}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -253,6 +262,8 @@ class Act:
             "exchange": self.exchange,
             "mode": self.mode,
             "reason": self.reason,
+            "count": self.count,
+            "limit": self.limit,
         }
 
 
@@ -303,7 +314,8 @@ def _completion(answer: dict[str, Any]) -> bytes:
 
 def _act(a: Action, call: int, side: str, exchange: int) -> Act:
     reason = a.reason if isinstance(a, Withhold | Stop | Cut) else ""
-    return Act(call, a.rule, a.kind, side, exchange, "observe" if a.observed else "enforce", reason)
+    mode = "observe" if a.observed else "enforce"
+    return Act(call, a.rule, a.kind, side, exchange, mode, reason, a.count, a.limit)
 
 
 def replay(conv: Conversation, cfg: Config) -> Result:
@@ -399,7 +411,7 @@ def _columns(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
 
 def table(results: Sequence[Result]) -> str:
     """Per conversation a heading (id, label, calls, source) and its actions (call, rule, kind,
-    reason, side, mode), then the totals per rule."""
+    reason, count/limit, side, mode), then the totals per rule."""
     lines: list[str] = []
     for r in results:
         c = r.conversation
@@ -407,8 +419,10 @@ def table(results: Sequence[Result]) -> str:
         errors = f", {r.errors} internal errors" if r.errors else ""
         lines.append(f"{c.id}{label}: {r.calls} calls, {len(r.acts)} actions{errors}")
         if r.acts:
-            rows = [("call", "rule", "kind", "reason", "side", "mode")]
-            rows += [(str(a.call), a.rule, a.kind, a.reason or "-", a.side, a.mode) for a in r.acts]
+            rows = [("call", "rule", "kind", "reason", "count", "side", "mode")]
+            rows += [
+                (str(a.call), a.rule, a.kind, a.reason or "-", a.evidence, a.side, a.mode) for a in r.acts
+            ]
             lines += _columns(rows, "  ")
         lines.append("")
     tot = totals(results)

@@ -194,20 +194,27 @@ DEFAULT_READ_ONLY_TOOLS: tuple[str, ...] = (
 )
 
 
-#: User messages that continue the work rather than ask for something new.
+#: User messages that continue the work rather than ask for something new. Each pattern must match
+#: the whole trimmed text (``re.fullmatch``): a short reply is the whole message ("continue", not
+#: "continue with the tests"), and a compaction summary's pattern names its opening and then takes
+#: the rest of the (long) text with ``.*`` under ``(?s)``.
 DEFAULT_CONTINUATION_PATTERNS: tuple[str, ...] = (
     # short replies: "continue", "go on", "No", "yes please", "try again", "ok, keep going."
     r"(?i)(?:(?:ok(?:ay)?|yes|yeah|yep|no|nope|sure|please|thanks|great|good)[,.!]*\s*)*"
     r"(?:continue|go on|go ahead|keep going|carry on|proceed|resume|next|try again|again|retry|do it|"
-    r"ok(?:ay)?|yes|yeah|yep|no|nope|sure)?(?:\s*please)?[.!]*\s*$",
-    # context compaction (Claude Code, Codex, opencode and others summarize the conversation so far)
-    r"(?i)this session is being continued from a previous conversation",
-    r"(?i)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation"
-    r"(?: so far)?[:.]",
-    r"(?i)\[(?:context|conversation) (?:summary|compacted|compaction)\]|(?:context|conversation) summary:",
-    r"(?i)another language model started to solve this problem",
-    # harness format errors answering an answer without a usable tool call
-    r"(?i)tool call error\b",
-    r"(?i)\[?error\]? *:? *you did not use a tool",
-    r"(?i)please (?:use|call) (?:a|one of the) tools?\b",
+    r"ok(?:ay)?|yes|yeah|yep|no|nope|sure)?(?:\s*please)?[.!]*",
+    # context compaction (Claude Code, Codex, opencode and others summarize the conversation so far):
+    # the summary's fixed opening, then the summary itself
+    r"(?is)this session is being continued from a previous conversation\b.*",
+    r"(?is)(?:here is |the following is )?(?:a )?summary of (?:the|our) (?:previous |prior )?conversation"
+    r"(?: so far)?[:.].*",
+    r"(?is)(?:\[(?:context|conversation) (?:summary|compacted|compaction)\]"
+    r"|(?:context|conversation) summary:).*",
+    r"(?is)another language model started to solve this problem\b.*",
+    # harness format errors answering an answer without a usable tool call: the heading alone or on
+    # a line of its own, a fixed opening, or the bare request for a tool call (a request that says
+    # what to do with the tool is a person's)
+    r"(?is)tool call error *:? *(?:\r?\n.*)?",
+    r"(?is)\[?error\]? *:? *you did not use a tool\b.*",
+    r"(?i)please (?:use|call) (?:a|one of the(?: available)?) tools?(?: call)?(?: (?:now|again))?[.!]*",
 )

@@ -12,6 +12,7 @@ takes its default, so the rest of its section is still checked.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from collections.abc import Iterator
@@ -29,6 +30,14 @@ from proxy.errors import ConfigError
 
 #: A field path inside the data: the keys (and list indices) down to one field of a section.
 Loc = tuple[Any, ...]
+
+#: The most nodes a config document may stand for once its aliases are expanded (each alias
+#: counted as the whole node it names), and the most aliases it may use. The shipped
+#: ``config/loopguard.yaml`` is about 420 nodes and uses none; a YAML "billion laughs" document
+#: of 300 bytes stands for 10^8 nodes, which building (the duplicate-key walk, then pydantic over
+#: the shared lists) took 70 s and 1.2 GB to expand before rejecting it.
+MAX_NODES = 100_000
+MAX_ALIASES = 1_000
 
 
 @cache
@@ -57,6 +66,21 @@ def _field_of(cls: type, loc: Loc) -> Loc:
             return loc[: i + 1]
         sections = _sections(sub)
     return loc
+
+
+def _nearest(cls: type, loc: Loc) -> str:
+    """For an unknown key at ``loc``: `` (did you mean 'port'?)`` naming the closest known key of
+    its section (:func:`difflib.get_close_matches`, its default cutoff 0.6), else ``""``."""
+    section: type | None = cls
+    for part in loc[:-1]:
+        if section is None or not isinstance(part, str):
+            return ""
+        section = _sections(section).get(part)
+    name = loc[-1] if loc else None
+    if section is None or not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(_sections(section)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _key(path: str, loc: Loc, unknown: bool) -> str:
@@ -172,7 +196,10 @@ def build(cls: type, data: Any, path: str = "", errors: list[ConfigError] | None
             loc = tuple(error["loc"])
             unknown = error["type"] in ("unexpected_keyword_argument", "invalid_key")
             key = _key(path, loc, unknown)
-            typed.setdefault(_field_of(cls, loc), []).append(ConfigError(key, _message(error, key)))
+            message = _message(error, key)
+            if message == "unknown key":
+                message += _nearest(cls, loc)
+            typed.setdefault(_field_of(cls, loc), []).append(ConfigError(key, message))
         obj = adapter(cls).validate_python(_normalized(cls, data, set(typed)))
     found.extend(_ordered(cls, data, obj, path, typed, ()))
     if found and errors is None:
@@ -214,18 +241,74 @@ def _duplicate_keys(node: yaml.Node, path: str = "") -> Iterator[ConfigError]:
             yield from _duplicate_keys(item, f"{path}[{i}]")
 
 
+class _BudgetLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that counts the aliases it composes (composing is linear in the
+    file: an alias is the node it names, shared, not a copy)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+        return super().compose_node(parent, index)
+
+
+def _expanded_size(n: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes ``n`` stands for with every alias expanded (a shared node counted once
+    per place it appears), computed over the composed graph without expanding it: linear in the
+    file, ``sizes`` the memo by node id. Stops counting a collection past :data:`MAX_NODES`."""
+    known = sizes.get(id(n))
+    if known is not None:
+        return known
+    total = 1
+    if isinstance(n, yaml.SequenceNode):
+        children = n.value
+    elif isinstance(n, yaml.MappingNode):
+        children = [part for pair in n.value for part in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded_size(child, sizes)
+        if total > MAX_NODES:
+            break
+    sizes[id(n)] = total
+    return total
+
+
+def _budget(loader: _BudgetLoader, node: yaml.Node, path: str | Path) -> None:
+    """Raise :class:`ConfigError` (``<file>``) when the composed document uses more than
+    :data:`MAX_ALIASES` aliases or stands for more than :data:`MAX_NODES` nodes once they are
+    expanded (an alias bomb), before anything is built from it."""
+    if loader.aliases > MAX_ALIASES:
+        raise ConfigError(
+            "<file>",
+            f"{path} uses {loader.aliases} YAML aliases (at most {MAX_ALIASES}); refused unread",
+        )
+    if _expanded_size(node, {}) > MAX_NODES:
+        raise ConfigError(
+            "<file>",
+            f"{path} expands to more than {MAX_NODES} YAML nodes through its aliases "
+            f"(an alias bomb?); refused unread",
+        )
+
+
 def read(path: str | Path) -> Any:
     """The YAML document of the file at ``path``. Raises :class:`ConfigError`: ``<file>`` when
     it cannot be read, is not YAML, or holds no document at all (empty, or comments only: a file
     truncated or emptied by mistake must not quietly mean "all defaults", which would drop
-    ``admin_token``; ``{}`` says that on purpose); the key's path when a key appears twice in
-    one mapping."""
+    ``admin_token``; ``{}`` says that on purpose), or uses more aliases or stands for more
+    nodes than its budget (:data:`MAX_ALIASES`, :data:`MAX_NODES`: checked on the composed
+    document, before it is walked or built); the key's path when a key appears twice in one
+    mapping."""
     try:
         with Path(path).open(encoding="utf-8") as f:
-            loader = yaml.SafeLoader(f)  # a stream, so YAML errors name the file
+            loader = _BudgetLoader(f)  # a stream, so YAML errors name the file
             try:
                 node = loader.get_single_node()
                 if node is not None:
+                    _budget(loader, node, path)
                     for error in _duplicate_keys(node):
                         raise error
                 data = loader.construct_document(node) if node is not None else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from proxy.config import checks
 from proxy.config.fields import SECTION, Bool, Bound, Int, Mode, Str
@@ -34,6 +34,12 @@ class StopConfig:
     message: Str = ""
     """The text, a template with {tool}, {count}, {limit}, {kind} (denials | cap | waste | monologue |
     escalation), {denials}; "" = the built-in text for each kind."""
+    deliver: Literal["answer", "error"] = "answer"
+    """answer: the stop is the model's final answer (the agent ends its turn as when the model is
+    done and exits 0). error: the stop is the upstream API's own error, HTTP 400 with the
+    wire's invalid_request_error body and code loop_detected (Gemini: INVALID_ARGUMENT, reason
+    LOOP_DETECTED), so an unattended agent exits non-zero; a stream that could be stopped is
+    held until its answer is decided."""
     mode: Mode = "enforce"
     """enforce | observe: every stop (denials, cap, waste, monologue, escalation)."""
 
@@ -74,6 +80,8 @@ class ResponseConfig:
     """An answer with more tool calls is cut to the first ones and the upstream request closed."""
     max_identical_per_response: Annotated[Int, Bound(ge=0, note="0 = no limit")] = 2
     """An answer with more identical calls that may change state is cut before the first over it."""
+    max_identical_reads_per_response: Annotated[Int, Bound(ge=0, note="0 = no limit")] = 4
+    """An answer with more identical read-only calls is cut before the first over it."""
     degenerate_text: DegenerateTextConfig = field(default_factory=DegenerateTextConfig)
     """Cut an answer whose streamed text ends in one span repeated."""
     repair_text_tool_calls: Bool = True

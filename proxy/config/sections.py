@@ -121,9 +121,9 @@ class ProgressConfig:
     read_only_commands: tuple[Str, ...] = DEFAULT_READ_ONLY_COMMANDS
     """Programs whose shell runs only read (without output redirection, sed -i, find -exec …)."""
     continuation_patterns: tuple[Str, ...] = DEFAULT_CONTINUATION_PATTERNS
-    """User messages that are no new request (regular expressions matched at the start of the
-    trimmed text): a loop rule that counts per turn goes on across them. [] = every user message
-    is a new request."""
+    """User messages that are no new request (regular expressions that must match the whole
+    trimmed text, re.fullmatch; a long text's pattern ends in .* under (?s)): a loop rule that
+    counts per turn goes on across them. [] = every user message is a new request."""
 
     def check(self, path: str) -> Iterator[ConfigError]:
         yield from checks.masks(self.masks, f"{path}.masks")

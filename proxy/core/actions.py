@@ -72,6 +72,11 @@ class Withhold:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
+    """``count``/``limit`` are the evidence of the stop's ``reason`` (for ``denials`` the denied
+    call's own count and ``stop.after_ignored_denials``); ``evidence`` names each figure it rests
+    on (``withheld_in_turn``, ``ignored_reminders``, ``same_replies_in_a_row``…), so a log line
+    says what was counted."""
+
     text: str
     rule: str
     tool: str
@@ -80,6 +85,7 @@ class Stop:
     fresh: bool = True
     reason: str = ""
     observed: bool = False
+    evidence: tuple[tuple[str, int | None], ...] = ()
     kind: ClassVar[str] = "stop"
 
 

@@ -8,8 +8,11 @@ request* starts: a user message that is not a continuation.
 
 - A user message is a **continuation** when its whole text (trimmed) matches one of the
   ``progress.continuation_patterns`` (:data:`DEFAULT_CONTINUATION_PATTERNS`: short replies that
-  ask for nothing new, compaction summaries, harness format errors; searched with ``re.match``
-  from the text's start).
+  ask for nothing new, compaction summaries, harness format errors), with ``re.fullmatch``: a
+  pattern that matches only the start of a message does not make it a continuation ("Please
+  use a tool to check config.yaml once more, I just fixed it." is a new request, though it
+  starts as a harness's "Please use a tool."). A pattern for a long text (a compaction summary)
+  names its opening and takes the rest with ``(?s)…\b.*``.
 - A harness's format-error reply (:mod:`proxy.core.harness_replies`) is always a continuation,
   whatever the patterns say: it is the harness asking again, not a person.
 - :func:`episodes` numbers each call's episode. The progress-aware loop rules (repeat_reminder's
@@ -45,7 +48,7 @@ class ContinuationRule:
 
     def __call__(self, text: str) -> bool:
         stripped = text.strip()
-        return is_harness_reply(stripped) or any(p.match(stripped) for p in self._compiled)
+        return is_harness_reply(stripped) or any(p.fullmatch(stripped) for p in self._compiled)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ContinuationRule) and other.patterns == self.patterns

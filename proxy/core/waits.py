@@ -25,8 +25,12 @@ Rules:
   (split on ``&&``, ``||``, ``;``, newlines) is ``sleep`` with a duration or one of
   :data:`QUIET` (``echo``, ``printf``, ``true``, ``:``), with at least one ``sleep``
   (:func:`sleep_ms`). ``sleep 5 && make`` is a command, not a wait.
-- A call **waits** (:func:`is_wait`) when it is a sleep whose result is not an error, or a poll
-  whose result says the process is still running (:data:`RUNNING`). A poll whose result has not
+- A call **waits** (:func:`is_wait`) when it is a sleep whose result is not an error and that
+  waited at least :data:`MIN_SLEEP_MS` (by :func:`waited_ms`: the wall time its result reports,
+  else its duration), or a poll whose result says the process is still running
+  (:data:`RUNNING`). A wait exempts a call from the loop rules only while time really passes or
+  the process waited on runs: ``sleep 0 && echo still waiting`` answered the same way hundreds of
+  times waits for nothing, and is counted as any other repeated command. A poll whose result has not
   arrived (the response side's look-ahead) waits: it cannot be judged on a result it does not
   have, and a wait is never stopped. A poll whose result says the process exited (or anything
   else) does not wait: the wait is over, and repeating that poll is an ordinary repeat.
@@ -54,6 +58,9 @@ from proxy.core.transcript import ToolCall, ToolResult
 #: Poll tools: name → the argument naming the process it polls (and the key prefix); the agents'
 #: tool table says which tools poll (:attr:`proxy.core.agents.Tool.poll`).
 POLLS: dict[str, tuple[str, str]] = agents.polls()
+#: The least a sleep must wait (ms) to be a wait: a sub-second sleep waits for nothing a model
+#: would poll on, and one of 0 lets a loop pass as waiting with no time passing at all.
+MIN_SLEEP_MS = 1000
 #: Programs a sleep may run besides ``sleep`` and still only wait.
 QUIET = frozenset(("echo", "printf", "true", ":"))
 #: A result that says the process is still running (Codex; Claude Code's ``<status>``).
@@ -154,7 +161,9 @@ def is_wait(call: ToolCall) -> bool:
         return not _known(call.result) or says_running(call.result)
     if sleep_ms(call) is None:
         return False
-    return call.result is None or call.result.is_error is not True
+    if call.result is not None and call.result.is_error is True:
+        return False
+    return waited_ms(call) >= MIN_SLEEP_MS
 
 
 def waited_ms(call: ToolCall) -> int:

@@ -14,14 +14,17 @@ Two families are read here (:class:`proxy.dialects.fold.FoldState` pairs them):
   SWE-agent's thought-action format: a ```` ``` ```` block after the discussion): an assistant
   message with exactly one fenced block, and nothing after it but whitespace, is an action *only
   when the harness answers it with a result message*: the next message is a user message in a
-  shape a harness writes every time, ``<returncode>N</returncode>`` first (mini, after an optional
-  ``<exception>…</exception>``), or ``Observation:`` / ``OBSERVATION:`` first (SWE-agent and the
-  ReAct-style harnesses), or ending in SWE-agent 0.x's ``(Open file: …)\\n(Current directory:
-  …)\\nbash-$``. :func:`fenced_action`, :func:`action_result`. A code sample in a chat is
-  never one: a person's follow-up does not start with those lines, and the pairing is
-  decided per action (an action without its result is text). The answer to a request is read the
-  same way only when the history already shows the harness executing such actions
-  (:func:`answer_action`).
+  shape only a harness writes, whole, every time (its template): ``<returncode>N</returncode>``
+  on a line of its own followed by the ``<output>`` / ``<warning>`` element (mini's
+  ``observation_template``, after an optional ``<exception>…</exception>``), ``OBSERVATION:`` on
+  a line of its own (SWE-agent's ``next_step_template``, ``OBSERVATION:\\n{{observation}}``), or
+  ending in SWE-agent 0.x's ``(Open file: …)\\n(Current directory: …)\\nbash-$``.
+  :func:`fenced_action`, :func:`action_result`. A person's words are never read as a result, so
+  never withheld: a ReAct-style note (``Observation: it printed nothing.``, ``<returncode>0</returncode>
+  is what I got``) is not in those shapes, and a code sample followed by it stays a chat (and ends
+  the reading of fenced actions in that conversation). The pairing is decided per action (an
+  action without its result is text). The answer to a request is read the same way only when
+  the history already shows the harness executing such actions (:func:`answer_action`).
 
 A fenced action is a call named by the block's info string (``mswea_bash_command``, ``bash``;
 ``bash`` when there is none) with ``{"command": <the block's text>}``, the convention of the
@@ -41,8 +44,15 @@ SMOLAGENTS = "smolagents"
 FENCED = "fenced"
 _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([A-Za-z0-9_.+-]*)[ \t]*$", re.MULTILINE)
 _INFO = re.compile(r"[A-Za-z0-9_.+-]{1,64}\Z")
-_RESULT = re.compile(r"(?:<exception>.*?</exception>\s*)?<returncode>-?\d+</returncode>", re.DOTALL)
-_OBSERVATION = re.compile(r"(?:Observation|OBSERVATION):")
+#: mini's observation template: the return code on its own line, then the output (or, when it is
+#: too long, the warning first)
+_RESULT = re.compile(
+    r"(?:<exception>.*?</exception>\s*)?<returncode>-?\d+</returncode>[ \t]*\r?\n<(?:output|warning)>",
+    re.DOTALL,
+)
+#: SWE-agent's next-step template: the heading on a line of its own (a person's ReAct-style note,
+#: "Observation: it passed", is not it)
+_OBSERVATION = re.compile(r"OBSERVATION:[ \t]*(?:\r?\n|\Z)")
 #: SWE-agent 0.x's next-step template: the observation, then its state lines and prompt
 _SWE_PROMPT = re.compile(r"\(Open file: [^\n]*\)\r?\n\(Current directory: [^\n]*\)\r?\nbash-\$\s*\Z")
 _SMOL_ERROR = re.compile(r"Call id: [^\n]*\r?\nError:")

@@ -5,18 +5,20 @@ health, Prometheus metrics and the config reload.
 Access: with ``admin_token`` set every route wants ``Authorization: Bearer <token>`` (401
 otherwise); without it the routes that show or change what conversations did
 (:data:`LOOPBACK_ONLY`) answer loopback peers only (403 to others). Anything else under
-``/loop-guard`` is a 404 or 405 (:func:`own_miss`): never forwarded, it would carry the admin token
-upstream.
+``/loop-guard``, in any spelling a server could read as it (:func:`normalised`), is a 404 or 405
+(:func:`own_miss`): never forwarded, it would carry the admin token upstream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
 
+from proxy.edge import forward
 from proxy.edge.connections import error_body
 from proxy.edge.keys import (
     LIVE_KEY,
@@ -76,14 +78,55 @@ def _check_admin(request: web.Request) -> None:
         )
 
 
+#: What :func:`normalised` trims from both ends of a path segment: whitespace and controls.
+_TRIM = "".join(map(chr, range(0x21))) + "\x7f"
+
+
+def normalised(target: str) -> str:
+    """The path of a request target as the most lenient server might read it, to decide what is
+    the proxy's (:func:`own_miss`): percent-escapes decoded (until none is left, at most three
+    rounds: ``%252e`` too), backslashes as slashes, lower case, each segment cut at ``;`` (path
+    parameters) and trimmed of whitespace and controls, empty and ``.`` segments dropped, ``..``
+    resolved (RFC 3986 §5.2.4). The query is not part of it.
+
+    >>> normalised("/v1/../Loop-Guard%20%5Cmetrics?x=1")
+    '/loop-guard/metrics'
+    >>> normalised("/%2e/loop-guard/./")
+    '/loop-guard'
+    """
+    path = target.partition("?")[0].partition("#")[0]
+    for _ in range(3):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    segments: list[str] = []
+    for segment in path.replace("\\", "/").lower().split("/"):
+        segment = segment.partition(";")[0].strip(_TRIM)
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment and segment != ".":
+            segments.append(segment)
+    return "/" + "/".join(segments)
+
+
 def own_miss(request: web.Request) -> web.Response | None:
-    """The answer to a request under ``/loop-guard`` that no route took (a trailing slash, a
-    typo, another method, a doubled slash): 405 with ``Allow`` for a route's path with another
-    method, else 404; None for a path that is not the proxy's. Such a request is never
-    forwarded: it carries the admin token, which the upstream must not see."""
-    path = "/" + request.path.lstrip("/")
-    if path != "/loop-guard" and not path.startswith("/loop-guard/"):
+    """The answer to a request for the proxy's own paths that no route took: 405 with ``Allow``
+    for a route's path with another method, else 404; None for a path that is not the proxy's.
+    What is the proxy's is decided on the :func:`normalised` target, so a trailing slash, a typo,
+    a doubled slash, dot segments (``/./loop-guard/metrics``, ``/v1/../loop-guard/metrics``), another
+    case (``/Loop-Guard``), a backslash or a percent-escape (``/loop-guard%20/metrics``) are the
+    proxy's too. Such a request is never forwarded: it carries the admin token, which the
+    upstream must not see, and an upstream that resolves the target would answer it at
+    ``/loop-guard``."""
+    target = request.raw_path
+    if "%" not in target and "loop-guard" not in target.lower():
+        return None  # no spelling of the proxy's paths: the common case, decided at once
+    own = normalised(forward.origin_form(target))
+    if own != "/loop-guard" and not own.startswith("/loop-guard/"):
         return None
+    path = request.path
     allowed = ADMIN_ROUTES.get(path)
     if allowed is not None and request.method not in allowed:
         return web.Response(
@@ -123,7 +166,11 @@ async def stats(request: web.Request) -> web.Response:
                     memory.store.put(key, remote)
         view = memory.view(key, memory.clock())
         if view is None:
-            message = f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off)"
+            message = (
+                f"no turn_guard ledger for conversation {key} (unknown, expired, or turn_guard off; "
+                "a fingerprinted conversation's first request, before its first tool call, is logged "
+                "under the key its later lines name opened_as: ask for their conversation key)"
+            )
             return web.Response(
                 status=404, body=error_body(message, "not_found", 404), content_type="application/json"
             )

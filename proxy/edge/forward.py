@@ -1,10 +1,12 @@
 """Where a request goes upstream and with which headers: URL mapping and header filtering.
 
 - ``/v1/<rest>`` goes to ``<upstream base>/<rest>``; any other path to the upstream's origin with
-  the same path; the query string is kept as sent (DESIGN §3). A query on the upstream base URL
-  itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with every request: its
-  parameters first, then the request's query as sent; a parameter the request names itself is the
-  request's (the agent's choice wins, as it would talking to the upstream directly).
+  the same path; the target's path and query go as sent (DESIGN §3): dot segments, escapes and
+  doubled slashes are the upstream's to read, not resolved or re-quoted on the way. A query on
+  the upstream base URL itself (Azure's ``…/deployments/d?api-version=2024-02-01``) goes with
+  every request: its parameters first, then the request's query as sent; a parameter the
+  request names itself is the request's (the agent's choice wins, as it would talking to the
+  upstream directly).
 - Hop-by-hop headers (RFC 9110 §7.6.1, plus any named in ``Connection``) are dropped both ways;
   everything else, ``Authorization`` included, passes untouched.
 - Bodies are relayed as bytes: the upstream session does not decompress, and adds no
@@ -19,6 +21,7 @@ from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from multidict import CIMultiDict
+from yarl import URL
 
 HOP_BY_HOP = frozenset(
     {
@@ -45,7 +48,9 @@ HEADER_LIMIT = 64 * 1024
 
 @functools.lru_cache(maxsize=8)
 def _base_parts(base: str) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
-    parts = urlsplit(base)
+    # the configured base in its encoded form (an IDN host in punycode, a space as %20): the
+    # URL built from it goes out as built (no re-quoting, so the agent's target stays as sent)
+    parts = urlsplit(str(URL(base)))
     params = tuple((_name(raw), raw) for raw in parts.query.split("&") if raw)
     return parts.scheme, parts.netloc, parts.path.rstrip("/"), params
 

@@ -36,7 +36,7 @@ from proxy.core.volatile import compile_masks
 from proxy.dialects import gemini, jsonbody, openai_responses
 from proxy.edge import capture, connections, forward
 from proxy.edge.admin import own_miss
-from proxy.edge.answers import body_timeout_response, too_large_response
+from proxy.edge.answers import body_timeout_response, shutdown_response, too_large_response
 from proxy.edge.keys import (
     CAPTURE_KEY,
     CONFIG_KEY,
@@ -55,6 +55,7 @@ from proxy.edge.keys import (
     runtime_of,
 )
 from proxy.edge.observe import action_summary
+from proxy.edge.shutdown import body_before_grace_over
 from proxy.edge.streamed import stream_body
 from proxy.edge.upstream import send_and_relay
 from proxy.edge.wire import dialect_of, wire_of
@@ -105,12 +106,20 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     st.requests += 1
     if _declared_too_large(request):  # said by Content-Length: no need to read it first
         return too_large_response(request)
-    try:  # listen.* is restart-only: the start's config holds it, not the reloadable runtime
-        raw = await connections.read_body(request, app[CONFIG_KEY].listen.body_timeout_s)
+    # listen.* is restart-only: the start's config holds it, not the reloadable runtime
+    read = functools.partial(connections.read_body, request, app[CONFIG_KEY].listen.body_timeout_s)
+    try:
+        # a body still coming is read until the shutdown's grace ends (then a 503, not a cut)
+        raw = await read() if request.content.is_eof() else await body_before_grace_over(app, read)
     except connections.BodyTimeout as exc:
         return body_timeout_response(request, exc.received)
     except web.HTTPRequestEntityTooLarge:
         return too_large_response(request)
+    if raw is None:  # the grace ended while the agent was still sending its body
+        ended: dict[str, Any] = {"method": request.method, "path": request.path}
+        response = shutdown_response(request, ended)
+        log.warning("request", **ended, body_incomplete=True)
+        return response
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
@@ -142,6 +151,7 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
         "method": request.method,
         "path": request.path,
         "conversation": decision.conversation or None,
+        **({"opened_as": decision.opened_as} if decision.opened_as else {}),
         "model": decision.model,
         "stream": decision.stream,
         "rewritten": decision.changed,
@@ -198,7 +208,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
 
     def run(state_for: Any, previous: Any) -> RequestDecision:
         if previous is not None:  # the store holds this credential's responses only (store_key)
-            previous = functools.partial(_scoped, previous, request.headers)
+            previous = functools.partial(_scoped, previous, request.headers, request.rel_url.raw_query_string)
         return decide_request(
             raw,
             request.headers,
@@ -237,10 +247,10 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     return decision
 
 
-def _scoped(lookup: Callable[[str], Any], headers: Any, rid: str) -> Any:
-    """``lookup`` of response ``rid`` as kept for the credential in ``headers`` (its
-    :func:`proxy.request.response_store.store_key`)."""
-    return lookup(store_key(headers, rid))
+def _scoped(lookup: Callable[[str], Any], headers: Any, query: str, rid: str) -> Any:
+    """``lookup`` of response ``rid`` as kept for the credential in ``headers`` and ``query``
+    (its :func:`proxy.request.response_store.store_key`)."""
+    return lookup(store_key(headers, rid, query))
 
 
 def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
@@ -248,7 +258,9 @@ def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
     app = request.app
     assert decision.chain is not None and decision.chain.previous is not None
     try:
-        first = app[RESPONSES_KEY].note_unknown(store_key(request.headers, decision.chain.previous))
+        first = app[RESPONSES_KEY].note_unknown(
+            store_key(request.headers, decision.chain.previous, request.rel_url.raw_query_string)
+        )
     except Exception as exc:
         app[STATS_KEY].internal_errors += 1
         log.error("store_error", error=type(exc).__name__)

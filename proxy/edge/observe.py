@@ -117,11 +117,14 @@ def configure_logging(level: str = "info", fmt: str = "json", cache: bool = Fals
 
 def action_summary(a: Action) -> dict[str, Any]:
     """The loggable evidence of an action: rule, kind, tool, count, limit, the ``reason`` when it
-    has one (withhold, stop, cut; a repair's markup form), ``applied: false`` for a cut only
+    has one (withhold, stop, cut; a repair's markup form), a stop's named figures
+    (:attr:`~proxy.core.actions.Stop.evidence`), ``applied: false`` for a cut only
     reported, and ``mode: "observe"`` for an observed action (no texts)."""
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
     if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
+    if isinstance(a, Stop):
+        out.update(a.evidence)  # what count and limit count, each figure named
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
     if a.observed:

@@ -6,7 +6,8 @@ for the Gemini API).
 
 Which responses are read (:func:`plan`): answers to ``POST …/chat/completions``,
 ``POST …/responses``, ``POST …/messages`` and Gemini's ``…:generateContent`` /
-``…:streamGenerateContent?alt=sse`` with status 200,
+``…:streamGenerateContent`` (SSE with ``alt=sse``, else one JSON array that streams, read element
+by element as it arrives: ``gemini_array``) with status 200,
 ``Content-Type`` ``text/event-stream`` (SSE) or ``application/json``, and no ``Content-Encoding``
 (``identity`` aside). So that answers come readable, the agent's ``Accept-Encoding`` on those
 requests goes upstream as ``identity`` while the response side is on (:func:`reads`; no header is
@@ -48,7 +49,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import structlog
@@ -58,6 +59,7 @@ from proxy.config import Config
 from proxy.core.actions import Action, Stop
 from proxy.edge.incidents import STOP_KIND, IncidentLog
 from proxy.edge.observe import Stats, action_summary
+from proxy.edge.stopped import STOP_HEADER, enforced_stop, stop_event, stop_response
 from proxy.guards import Context, Guard
 from proxy.request.response_store import Answer, Chain
 from proxy.request.rewrite import RequestDecision
@@ -72,7 +74,7 @@ from proxy.response.decide import (
     earlier_stops,
     observed_actions,
 )
-from proxy.response.gemini_stream import GeminiStreamGuard
+from proxy.response.gemini_stream import GeminiArrayGuard, GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.repair import Repairer
 from proxy.response.responses_stream import ResponseCapture, ResponsesStreamGuard
@@ -83,12 +85,31 @@ log = structlog.get_logger("loopguard")
 #: Why an answer the response side was to read went out unread (``ResponseSide.unread``):
 #: compressed although asked not to be; a 200 answer neither SSE nor JSON; an event past
 #: :data:`proxy.response.stream_guard.MAX_EVENT_BYTES` (the rest of the stream relayed unread); the
-#: response side failed and failed open.
+#: response side failed and failed open; a Gemini answer with several candidates or one other than
+#: the first (which one the agent acts on is not known; :data:`proxy.response.gemini_stream.CANDIDATES`).
 CONTENT_ENCODING = "content_encoding"
 CONTENT_TYPE = "content_type"
 TOO_LARGE = "too_large"
 INTERNAL_ERROR = "internal_error"
-UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR)
+CANDIDATES = gemini_stream.CANDIDATES
+UNREAD_REASONS = (CONTENT_ENCODING, CONTENT_TYPE, TOO_LARGE, INTERNAL_ERROR, CANDIDATES)
+
+
+class Writer(Protocol):
+    """Where a relayed body goes: the agent's response, or a gate in front of it
+    (:class:`proxy.edge.upstream.GatedStream`)."""
+
+    async def write(self, data: bytes) -> None: ...
+
+
+class StreamWriter(Writer, Protocol):
+    """A :class:`Writer` that is prepared (its status and headers sent) on demand: an answer held
+    whole (``stop.deliver: error``) sends its headers only when its bytes go out."""
+
+    @property
+    def prepared(self) -> bool: ...
+
+    async def prepare(self, request: web.BaseRequest) -> Any: ...
 
 
 @dataclass
@@ -119,6 +140,9 @@ class ResponseSide:
     tap: Assembly | bytearray | None = None
     #: why the answer (or its rest) went out unread (:data:`UNREAD_REASONS`), None: it was read
     unread: str | None = None
+    #: ``stop.deliver: error`` and this answer could be stopped (:attr:`StopJudge.possible`): an
+    #: SSE answer is held, headers included, until decided, so a stop can be the HTTP error
+    hold: bool = False
 
     def read(self, chunk: bytes, stats: Stats) -> None:
         """Upstream bytes, as they came, for the shadow and the capture tap (never raises)."""
@@ -287,8 +311,10 @@ def _plan(
         return None
     wire = "chat" if guarded is True else str(guarded)
     ctype = upstream.content_type
-    if ctype == "text/event-stream":
-        kind = "sse"
+    if wire == "gemini_array" and ctype == "text/event-stream":
+        wire = "gemini"  # asked for the array, answered with events: read as events
+    if ctype == "text/event-stream" or (wire == "gemini_array" and ctype == "application/json"):
+        kind = "sse"  # read as it streams (the array's elements as events)
     elif ctype == "application/json":
         kind = "json"
     elif enabled(cfg):  # an answer the response side cannot read: counted, relayed unchanged
@@ -337,6 +363,12 @@ def _plan(
             shadow=shadow,
             unread=unread,
         )
+    hold = (
+        kind == "sse"
+        and enforce_cfg.stop.deliver == "error"
+        and judge is not None
+        and bool(getattr(judge, "possible", False))
+    )
     return ResponseSide(
         kind,
         enforce_cfg,
@@ -345,13 +377,19 @@ def _plan(
         on_answer=on_answer if wire == "responses" else None,
         shadow=shadow,
         repair=fix,
+        hold=hold,
     )
 
 
 def _cuts(cfg: Config) -> bool:
     """The runaway or degenerate-text checks are on (they read any answer)."""
     r = cfg.response
-    return bool(r.max_calls_per_response or r.max_identical_per_response or r.degenerate_text.enabled)
+    return bool(
+        r.max_calls_per_response
+        or r.max_identical_per_response
+        or r.max_identical_reads_per_response
+        or r.degenerate_text.enabled
+    )
 
 
 class IncompleteStream(aiohttp.ClientPayloadError):
@@ -370,25 +408,63 @@ _STREAM_GUARDS: dict[str, type[FramedGuard]] = {
     "responses": ResponsesStreamGuard,
     "messages": MessagesStreamGuard,
     "gemini": GeminiStreamGuard,
+    "gemini_array": GeminiArrayGuard,
 }
 
 
 async def relay_sse(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
-) -> None:
+    upstream: aiohttp.ClientResponse,
+    response: StreamWriter,
+    side: ResponseSide,
+    stats: Stats,
+    request: web.Request | None = None,
+) -> Stop | None:
     """Relay an SSE body through a :class:`StreamGuard`. Upstream read errors propagate (the
-    caller ends the agent's stream with an error event) after the held bytes are released."""
+    caller ends the agent's stream with an error event) after the held bytes are released.
+
+    ``stop.deliver: error``: with ``side.hold`` nothing is written (``response`` is prepared, by
+    ``request``, only when there is something to write) until the answer is decided; a stop
+    then returns it, nothing written, for the caller to answer the HTTP error
+    (:mod:`proxy.edge.stopped`). A stop in a stream already under way ends it with the error
+    event instead. Returns None otherwise."""
     guard: FramedGuard | None = (
         StreamGuard(side.cfg, side.judge, side.repair)
         if side.wire == "chat"
         else _STREAM_GUARDS[side.wire](side.cfg, side.judge)
     )
     unsettled = bytearray()  # bytes received and not yet forwarded, as of the last good feed
+    error_mode = side.cfg.stop.deliver == "error"
+    held: bytearray | None = bytearray() if side.hold else None
+
+    async def write(data: bytes) -> None:
+        nonlocal held
+        if held is not None:
+            held += data
+            return
+        if not response.prepared and request is not None:
+            await response.prepare(request)
+        await response.write(data)
+
+    async def let_go() -> None:  # the answer is decided (or broken): what was held goes out
+        nonlocal held
+        data, held = held, None
+        if data is not None:
+            await write(bytes(data))
+
+    async def stopped(stop: Stop) -> Stop | None:
+        """A stop delivered as an error: the HTTP error when nothing was sent, else the event."""
+        upstream.close()  # the server stops generating now
+        if held is not None:
+            return stop
+        await write(stop_event(side.wire, stop))
+        side.delivered = True
+        return None
+
     try:
         async for chunk in upstream.content.iter_any():
             side.read(chunk, stats)
             if guard is None:
-                await response.write(chunk)
+                await write(chunk)
                 continue
             try:
                 out = guard.feed(chunk)
@@ -399,19 +475,24 @@ async def relay_sse(
                 side.actions.extend(guard.actions)
                 side.unread = INTERNAL_ERROR
                 guard = None
-                await response.write(bytes(unsettled) + chunk)
+                await write(bytes(unsettled) + chunk)
+                await let_go()
                 continue
+            stop = enforced_stop(guard.actions) if error_mode else None
+            if stop is not None:
+                return await stopped(stop)
             if out.abort:
                 upstream.close()  # the server stops generating now
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)
                 await side.settle()
             if out.data:
-                await response.write(out.data)
+                await write(out.data)
             if guard.complete and guard.received == guard.settled:
                 side.delivered = True
             if out.abort:
-                return
+                await let_go()
+                return None
         if guard is not None:
             try:
                 tail = guard.finish()
@@ -421,22 +502,29 @@ async def relay_sse(
                 side.unread = INTERNAL_ERROR
                 tail = bytes(unsettled)
                 complete = True  # our own failure: nothing known about the upstream's stream
+            stop = enforced_stop(guard.actions) if error_mode else None
+            if stop is not None:
+                return await stopped(stop)
             if isinstance(guard, ResponsesStreamGuard) and guard.answer is not None:
                 side.answered(guard.answer, stats)  # its final event ended only with the stream
                 await side.settle()
             if tail:
-                await response.write(tail)
+                await write(tail)
+            await let_go()
             if not complete:
                 raise IncompleteStream("the upstream stream ended without a finish_reason or [DONE]")
+        await let_go()
+        return None
     except (aiohttp.ClientError, asyncio.TimeoutError):
         if guard is not None:
             try:
-                held = guard.release()
+                released = guard.release()
             except Exception as exc:
                 failed(stats, "sse", exc)
-                held = bytes(unsettled)
-            if held:
-                await response.write(held)
+                released = bytes(unsettled)
+            if released:
+                await write(released)
+        await let_go()
         raise
     finally:
         if guard is not None:
@@ -478,7 +566,8 @@ async def relay_json(
         elif side.wire == "messages":
             new, actions = messages_stream.decide_json(raw, side.judge, side.cfg)
         elif side.wire == "gemini":
-            new, actions = gemini_stream.decide_json(raw, side.judge, side.cfg)
+            new, actions, unread = gemini_stream.decide_json_answer(raw, side.judge, side.cfg)
+            side.unread = side.unread or unread
         else:
             new, actions = decide_json(raw, side.judge, side.cfg, side.repair)
         side.actions.extend(actions)
@@ -486,16 +575,22 @@ async def relay_json(
         failed(stats, "json", exc)
         side.unread = INTERNAL_ERROR
         new = None
-    out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
-    out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
-    out.body = raw if new is None else new
+    stop = enforced_stop(side.actions) if new is not None else None
+    if stop is not None and side.cfg.stop.deliver == "error":
+        out = stop_response(side.wire, stop)
+    else:
+        out = web.Response(status=response.status, reason=response.reason, headers=response.headers)
+        out.headers.popall("Content-Length", None)  # the body's own length (a rewrite changes it)
+        out.body = raw if new is None else new
+        if stop is not None:
+            out.headers[STOP_HEADER] = stop.reason or stop.rule
     await out.prepare(request)
     await out.write_eof()
     return out
 
 
 async def relay_observed(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, side: ResponseSide, stats: Stats
+    upstream: aiohttp.ClientResponse, response: Writer, side: ResponseSide, stats: Stats
 ) -> None:
     """Relay the body unchanged, chunk by chunk (``response`` prepared by the caller), while
     ``side.capture`` reads it for the store; a failure there stops the reading, never the relay.
@@ -510,7 +605,7 @@ async def relay_observed(
 
 async def _relay_observed(
     upstream: aiohttp.ClientResponse,
-    response: web.StreamResponse,
+    response: Writer,
     side: ResponseSide,
     stats: Stats,
     capture: ResponseCapture | None,

@@ -1,6 +1,7 @@
 """The shutdown's grace period (SIGTERM, SIGINT): stop accepting, let the forwarded requests in
-flight finish for up to ``listen.shutdown_grace_s``, then end the rest. A request still waiting
-for the upstream's headers, or a JSON answer not yet sent, gets a 503
+flight finish for up to ``listen.shutdown_grace_s``, then end the rest. A request whose body is
+still coming, or still waiting for the upstream's headers, or a JSON answer not yet sent, gets a
+503
 (:func:`proxy.edge.answers.shutdown_response`), a stream its error event; the process exits about
 :data:`FINISH_S` later, once their answers and log lines are written.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import structlog
@@ -19,6 +20,8 @@ from aiohttp import web
 from proxy.edge.keys import GRACE_OVER_KEY, INFLIGHT_KEY, OPEN_KEY, PENDING_KEY, SHUTDOWN_KEY
 
 log = structlog.get_logger("loopguard")
+
+T = TypeVar("T")
 
 #: Seconds a shutdown gives the requests it ended at the end of its grace period to write their
 #: answers (a 503, an error event) and log lines, and aiohttp to close the connections: the
@@ -55,10 +58,33 @@ async def until_grace_over(app: web.Application, send: Callable[[], Any]) -> aio
         pending.discard(task)
 
 
+async def body_before_grace_over(app: web.Application, read: Callable[[], Awaitable[T]]) -> T | None:
+    """``await read()`` (the agent's request body), or None when a shutdown's grace period ended
+    first (:func:`end_grace` cancelled the read): an agent still uploading then gets its 503 at
+    the grace's end instead of the runner's cut connection a second later. An agent that hangs
+    up cancels the read as before (CancelledError)."""
+    grace_over = app[GRACE_OVER_KEY]
+    if grace_over.is_set():
+        return None
+    task = asyncio.ensure_future(read())
+    pending = app[PENDING_KEY]
+    pending.add(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if grace_over.is_set() and task.cancelled() and not (current and current.cancelling()):
+            return None  # the shutdown, not the agent, ended it
+        raise
+    finally:
+        pending.discard(task)
+
+
 def end_grace(app: web.Application) -> None:
     """End what a shutdown's grace period left running (:func:`graceful_stop`, after
-    ``SHUTDOWN_KEY``): a request still waiting for the upstream's headers gets a 503, a stream its
-    error event, a JSON answer not yet sent a 503 (their handlers answer). Synchronous: no
+    ``SHUTDOWN_KEY``): a request whose body is still coming or still waiting for the upstream's
+    headers gets a 503, a stream its error event, a JSON answer not yet sent a 503 (their
+    handlers answer). Synchronous: no
     handler runs between setting ``GRACE_OVER_KEY`` and the sweep."""
     app[GRACE_OVER_KEY].set()
     for task in list(app[PENDING_KEY]):

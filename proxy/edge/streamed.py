@@ -15,7 +15,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.edge import forward, relay
+from proxy.edge import forward, relay, stopped
 from proxy.edge.answers import incomplete_stream_response, shutdown_response, timeout_response
 from proxy.edge.keys import CONFIG_KEY, INFLIGHT_KEY, SHUTDOWN_KEY, STATS_KEY, UPSTREAM_KEY
 from proxy.edge.wire import wire_of
@@ -73,10 +73,16 @@ async def relay_streamed(
             return shutdown_response(request, fields)
         return incomplete_stream_response(fields, st, error)
     status, body = answer
+    stop = stopped.enforced_stop(side.actions) if side is not None else None
+    if stop is not None and side is not None and side.cfg.stop.deliver == "error":
+        fields["status"] = stopped.STATUS
+        return stopped.stop_response("chat", stop)
     fields["status"] = status
     for name in _STREAM_HEADERS:
         headers.popall(name, None)
     headers["Content-Type"] = "application/json"
+    if stop is not None:
+        headers[stopped.STOP_HEADER] = stop.reason or stop.rule
     return web.Response(status=status, body=body, headers=headers)
 
 

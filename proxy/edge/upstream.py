@@ -8,7 +8,8 @@ answer to the agent, and answer for the upstream when it fails (:mod:`proxy.edge
 - Upstream unreachable: 502. Upstream silent past ``upstream.read_timeout_s``: 504 before any of
   the answer was sent. Upstream closing mid-stream: an SSE stream gets a final error event and the
   connection is closed without the terminating chunk, so the agent sees an error, never a silent
-  success.
+  success. An event stream goes to the agent whole events at a time (:class:`GatedStream`), so
+  an event the upstream broke off in is dropped and the error event is read on its own.
 - A kept-alive connection the upstream closed at its idle timeout as the request went out is
   retried once on a fresh connection (:data:`STALE_CONNECTION`).
 """
@@ -25,8 +26,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
-from proxy.edge import forward, relay
+from proxy.edge import forward, relay, stopped
 from proxy.edge.answers import error_event, shutdown_response, timeout_response, unreachable_response
 from proxy.edge.keys import (
     CAPTURE_KEY,
@@ -48,6 +50,7 @@ from proxy.edge.streamed import relay_streamed
 from proxy.edge.wire import wire_of
 from proxy.request.response_store import Answer, store_key
 from proxy.request.rewrite import RequestDecision
+from proxy.response.sse import EventGate
 
 DONE_MARK = b"[DONE]"
 
@@ -138,7 +141,8 @@ async def send_and_relay(
         _ATTEMPT.set(attempt)
         return await app[SESSION_KEY].request(
             request.method,
-            url,
+            # as built: yarl would resolve dot segments and re-quote escapes (the target goes as sent)
+            URL(url, encoded=True),
             headers=sent_headers,
             data=(streamed if streamed is not None else body) if body or request.can_read_body else None,
             allow_redirects=False,
@@ -192,6 +196,9 @@ async def send_and_relay(
             return await send_and_relay(request, url, headers, body, fields, t_send, decision)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(forward.filter_headers(upstream.headers.items()))
+        sse = upstream.content_type == "text/event-stream"
+        # an event stream goes out whole events at a time, so that an error event can end it
+        out: web.StreamResponse | GatedStream = GatedStream(response) if sse else response
         try:
             whole = await _whole_answer(request, upstream) if side is None else None
             if whole is not None:  # the answer came whole: headers and body in one write
@@ -201,28 +208,43 @@ async def send_and_relay(
                 await response.prepare(request)
             elif side is None:
                 await response.prepare(request)
-                sse = upstream.content_type == "text/event-stream"
                 tail = b""
                 async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
+                    await out.write(chunk)
                     if sse and DONE_MARK in tail + chunk:
                         request[DELIVERED] = True  # the agent has the whole answer
                     tail = chunk[-16:]
             elif side.kind == "json":
                 response = await relay.relay_json(request, upstream, response, side, st)
+                fields["status"] = response.status  # a stop delivered as an error is a 400
             elif side.kind == "observe":
                 await response.prepare(request)
-                await relay.relay_observed(upstream, response, side, st)
+                await relay.relay_observed(upstream, out, side, st)
             else:
                 response.headers.popall("Content-Length", None)  # the body may change
-                await response.prepare(request)
-                await relay.relay_sse(upstream, response, side, st)
+                if not side.hold:  # held (stop.deliver: error): prepared when its bytes go out
+                    await response.prepare(request)
+                stop = await relay.relay_sse(upstream, out, side, st, request)
+                if stop is not None:  # stopped before anything was sent: the upstream API's error
+                    fields["status"] = stopped.STATUS
+                    response = stopped.stop_response(side.wire, stop)
+                    await response.prepare(request)
+                    out = response  # nothing went through the gate
+                elif not response.prepared:  # an empty answer, held
+                    await response.prepare(request)
+            if isinstance(out, GatedStream):
+                await out.flush()
             await response.write_eof()
         except asyncio.CancelledError:
             if side is not None and side.delivered:
                 request[DELIVERED] = True  # the agent hung up after the whole answer
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as exc:
+            # Its traceback holds the frames it came through (this request's body, decision and
+            # response side among their locals), and aiohttp's reader that raised it holds it
+            # (``StreamReader.set_exception``): a reference cycle that kept all of that alive
+            # until a full collection. Nothing here reads the traceback.
+            exc.__traceback__ = None
             if isinstance(exc, READ_TIMEOUT) and not response.prepared:
                 return timeout_response(base, fields, st, request)  # a buffered JSON answer: nothing sent yet
             if request.get(DELIVERED) or (side is not None and side.delivered):
@@ -232,7 +254,8 @@ async def send_and_relay(
                 if not response.prepared:  # a buffered JSON answer: the agent has nothing yet
                     return shutdown_response(request, fields)
                 fields["shutdown"] = True
-                if upstream.content_type == "text/event-stream":
+                if isinstance(out, GatedStream):
+                    out.drop(fields)
                     with contextlib.suppress(Exception):
                         await response.write(
                             error_event(request, "loopguard is shutting down", "proxy_shutdown", 503)
@@ -247,7 +270,8 @@ async def send_and_relay(
                 return response
             st.upstream_errors += 1
             fields["upstream_error"] = type(exc).__name__
-            if upstream.content_type == "text/event-stream":
+            if isinstance(out, GatedStream):
+                out.drop(fields)
                 stalled = isinstance(exc, READ_TIMEOUT)
                 with contextlib.suppress(Exception):
                     await response.write(
@@ -277,6 +301,42 @@ async def send_and_relay(
             relay.record(side, st, app[INCIDENTS_KEY], conversation, body, fields, chain)
 
 
+class GatedStream:
+    """The agent's event stream, written through an :class:`proxy.response.sse.EventGate`: whole
+    events only, so that when the upstream breaks mid-event the half event is dropped
+    (:meth:`drop`) and the error event reaches the agent's parser on its own."""
+
+    __slots__ = ("gate", "response")
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+        self.gate = EventGate()
+
+    @property
+    def prepared(self) -> bool:
+        return self.response.prepared
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        await self.response.prepare(request)
+
+    async def write(self, data: bytes) -> None:
+        now = self.gate.feed(data)
+        if now:
+            await self.response.write(now)
+
+    async def flush(self) -> None:
+        """The stream ended as the upstream ended it: what the gate holds goes out as it is."""
+        rest = self.gate.flush()
+        if rest:
+            await self.response.write(rest)
+
+    def drop(self, fields: dict[str, Any]) -> None:
+        """The stream broke: the half event held back is dropped (``dropped_bytes`` in the log)."""
+        dropped = self.gate.drop()
+        if dropped:
+            fields["dropped_bytes"] = dropped
+
+
 async def _whole_answer(request: web.Request, upstream: aiohttp.ClientResponse) -> bytes | None:
     """The upstream's whole body when all of it has already arrived (a ``Content-Length`` answer
     that is not an event stream, to a request that is not ``HEAD``), else None: then nothing was
@@ -303,9 +363,10 @@ def keeper(request: web.Request, decision: RequestDecision | None) -> Any:
     store = request.app[RESPONSES_KEY]
     shared = request.app[SHARED_KEY]
     headers = request.headers
+    query = request.rel_url.raw_query_string
 
     def keep(answer: Answer) -> Any:
-        key = store_key(headers, answer.response_id)
+        key = store_key(headers, answer.response_id, query)
         if store.after_answer(chain, answer, key) and shared.shared:  # written before the agent has it
             return asyncio.ensure_future(shared.keep(key, store.peek(key)))
         return None

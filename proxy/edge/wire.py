@@ -16,8 +16,9 @@ def dialect_of(request: web.Request) -> dialects.Dialect | None:
 
 def wire_of(request: web.Request) -> str | None:
     """The wire of the answer the response side reads (``chat``, ``responses``, ``messages``,
-    ``gemini``), or None. A Gemini ``:streamGenerateContent`` without ``alt=sse`` answers one JSON
-    array that streams: relayed unread (:mod:`proxy.response.gemini_stream`)."""
+    ``gemini``, ``gemini_array``), or None. A Gemini ``:streamGenerateContent`` without
+    ``alt=sse`` answers one JSON array that streams (``gemini_array``: its elements are read as
+    the SSE form's events, :class:`proxy.response.gemini_stream.GeminiArrayGuard`)."""
     dialect = dialect_of(request)
     if dialect is openai_chat:
         return "chat"
@@ -25,5 +26,5 @@ def wire_of(request: web.Request) -> str | None:
         return "messages"
     if dialect is gemini:
         streamed = gemini.is_stream(request.path)
-        return "gemini" if not streamed or request.query.get("alt") == "sse" else None
+        return "gemini" if not streamed or request.query.get("alt") == "sse" else "gemini_array"
     return "responses" if dialect is openai_responses else None

@@ -35,7 +35,7 @@ from proxy.core.canonical import canonical_arguments
 from proxy.core.effects import EpochCounter, Situations
 from proxy.core.episodes import EpisodeCounter
 from proxy.core.memo import Memo
-from proxy.core.progress import same_result
+from proxy.core.progress import Masks, same_result
 from proxy.core.targets import TargetRule, path_key, subcommand
 from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
@@ -66,6 +66,25 @@ def _block_period_is(block: Sequence[tuple[str, str]], period: int) -> bool:
         if period % d == 0 and all(block[k] == block[k - d] for k in range(d, period)):
             return False
     return True
+
+
+def _same(s: CyclesState, calls: Sequence[ToolCall], masks: Masks, k: int, p: int) -> tuple[bool, bool]:
+    """(the open turn's call ``k``'s result repeats the one ``p`` calls before, and nothing in
+    between changed the situation), memoized in ``s.memo``; a result not known yet is judged by
+    the previous pair. A module function, not a closure in :meth:`Cycles.advance`: a local
+    function that calls itself refers to itself through its closure, a reference cycle that
+    kept each request's guard state and results alive until a full collection."""
+    if k < p:
+        return False, False
+    memo = s.memo
+    if (k, p) not in memo:
+        call, before = calls[s.start + k], calls[s.start + k - p]
+        if known(call.result):
+            result = same_result(call.result, before.result, masks)
+        else:
+            result = _same(s, calls, masks, k - p, p)[0]
+        memo[(k, p)] = (result, result and s.epochs.unchanged(before.seq, call.seq))
+    return memo[(k, p)]
 
 
 class Cycles:
@@ -118,22 +137,6 @@ class Cycles:
         s = state
         epochs = s.epochs
 
-        def same(k: int, p: int) -> tuple[bool, bool]:
-            """(the open turn's call k's result repeats the one p calls before, and nothing in
-            between changed the situation); a result not known yet is judged by the previous
-            pair."""
-            if k < p:
-                return False, False
-            memo = s.memo
-            if (k, p) not in memo:
-                call, before = calls[s.start + k], calls[s.start + k - p]
-                if known(call.result):
-                    result = same_result(call.result, before.result, masks)
-                else:
-                    result = same(k - p, p)[0]
-                memo[(k, p)] = (result, result and epochs.unchanged(before.seq, call.seq))
-            return memo[(k, p)]
-
         actions: list[Action] = []
         for call in unread(s, calls, upto):
             epochs.add(call)
@@ -159,7 +162,7 @@ class Cycles:
             block = ids[-p:]
             count = run[p] // p + 1  # repetitions, counting the first
             complete = run[p] % p == 0
-            last_round = [same(k, p) for k in range(i - p + 1, i + 1)]
+            last_round = [_same(s, calls, masks, k, p) for k in range(i - p + 1, i + 1)]
             # a reminder only when the last round got the same results as the one before
             repeated = not cfg.progress_aware or all(r for r, _ in last_round)
             if complete and count == cfg.repetitions and repeated:

@@ -9,7 +9,9 @@ incident records do. Order: the first configured header present (default ``x-ses
 the first tool call (a chat ``tool_calls`` entry, a Responses call item, a Messages ``tool_use``
 block, a Gemini ``functionCall`` part: its ``id``, or the whole call when it has none). The history
 is the chat or Messages ``messages``, the Responses ``input`` (items) or the Gemini ``contents``.
-The same conversation keeps its key as it grows.
+The same conversation keeps its key as it grows from its first tool call on; its first request
+(no call yet) is keyed without the call id, and every later request's log line names that key
+as ``opened_as`` (:func:`conversation_keys`).
 
 A key a header or ``prompt_cache_key`` gives is used as its digest (:func:`key_digest`,
 ``id-<16 hex>``): an agent chooses that value and may send megabytes of it, and the key names
@@ -127,14 +129,25 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
     """Key of the conversation a request belongs to: ``id-<16 hex>`` (:func:`key_digest` of a
     header value or ``prompt_cache_key``), ``fp-<16 hex>``, or ``unknown``. ``headers`` must be
     case-insensitive (aiohttp's are)."""
+    return conversation_keys(headers, body, header_names)[0]
+
+
+def conversation_keys(
+    headers: Mapping[str, str], body: Any, header_names: Sequence[str]
+) -> tuple[str, str | None]:
+    """(:func:`conversation_key`, ``opened_as``): for a fingerprint that reads a first tool call,
+    the fingerprint the same conversation had before its first call (the same system and user
+    message, no call id), which its first request was keyed by; else None. Two runs of one task
+    open alike and part at their first call's id, so the key keeps the id (their stats and
+    incidents stay apart) and the log says how the keys of the opening and the rest relate."""
     for name in header_names:
         value = headers.get(name)
         if value:
-            return key_digest(value)
+            return key_digest(value), None
     if isinstance(body, dict):
         pck = body.get("prompt_cache_key")
         if isinstance(pck, str) and pck:
-            return key_digest(pck)
+            return key_digest(pck), None
         messages = body.get("messages")
         if "messages" not in body:
             messages = body.get("input", body.get("contents"))
@@ -149,6 +162,23 @@ def conversation_key(headers: Mapping[str, str], body: Any, header_names: Sequen
                 _first(messages, ("user",)),
                 _first_call_id(messages),
             ]
-            digest = hashlib.sha256(jsonbody.dumps(parts, default=str)).hexdigest()
-            return f"fp-{digest[:16]}"
-    return "unknown"
+            return _fingerprints(parts)
+    return "unknown", None
+
+
+def _fingerprints(parts: list[Any]) -> tuple[str, str | None]:
+    """The fingerprint of ``parts`` (system, user, first call id) and, when there is a call id,
+    that of the same parts without it, from one serialization and one hash pass over the
+    shared prefix (a coding agent's opening is tens of KiB)."""
+    raw = jsonbody.dumps(parts, default=str)
+    tail = b"," + jsonbody.dumps(parts[2], default=str) + b"]"
+    if parts[2] is None or not raw.endswith(tail):
+        opened = None
+        if parts[2] is not None:  # a lone surrogate made the list ASCII-escaped: the slow way
+            opened = f"fp-{hashlib.sha256(jsonbody.dumps([*parts[:2], None], default=str)).hexdigest()[:16]}"
+        return f"fp-{hashlib.sha256(raw).hexdigest()[:16]}", opened
+    prefix = hashlib.sha256(memoryview(raw)[: len(raw) - len(tail)])
+    opening = prefix.copy()
+    prefix.update(tail)
+    opening.update(b",null]")
+    return f"fp-{prefix.hexdigest()[:16]}", f"fp-{opening.hexdigest()[:16]}"

@@ -36,7 +36,8 @@ Bounded memory: entries are dropped least recently used first once their bytes p
 ``max_bytes``. An entry counts :data:`HISTORY_FACTOR` times its history's JSON bytes (the bytes
 and the decoded texts of its parse state), :data:`CALL_BYTES` per tool call and
 :data:`ITEM_BYTES` per item (the parse state, the spans), :data:`TOOLS_FACTOR` times its offered
-tools' JSON, its head and fingerprint items, and
+tools' JSON, its head and fingerprint items, the rest of its request's body when it keeps a
+view of it (:attr:`Prefix.items`), and
 once the guards' checkpoint is attached (:meth:`PrefixCache.keep_checkpoint`)
 :data:`CHECKPOINT_BYTES`, :data:`CHECKPOINT_CALL_BYTES` per call and :data:`ACTION_BYTES` per kept
 action, and its kept edits' bytes (:attr:`proxy.dialects.edits.Kept.size`). Measured with
@@ -102,14 +103,15 @@ def checkpoint_size(checkpoint: Any, calls: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """One conversation's kept history. ``items``: the body's bytes from the history's ``[``
-    through the end of its last item (a ``memoryview`` of the request's body when the read
-    stage made it: slicing a 5 MB history out of its body on every request was a copy the size
-    of the history; the view keeps the whole body alive instead, as large give or take its head
-    and what follows the history). ``spans``: each item's (start, end), relative to that
-    ``[``. ``fold``: the dialect's parse state after the last item (never fed again: copied
-    before resuming). ``size``: what it counts against the budget. ``tools``: the offered tools
-    that state was read against (:func:`proxy.request.locate.tools_key`). ``checkpoint``: what
-    the guards kept of it."""
+    through the end of its last item: a ``memoryview`` of the request's body when the bytes
+    outside the history are at most the history's own (slicing a 5 MB history out of its body
+    on every request was a copy the size of the history; the view keeps the whole body alive
+    instead, and ``size`` counts those outside bytes), else a copy (a body of 1 MiB of
+    ``metadata`` and a small history keeps only the history). ``spans``: each item's (start,
+    end), relative to that ``[``. ``fold``: the dialect's parse state after the last item
+    (never fed again: copied before resuming). ``size``: what it counts against the budget.
+    ``tools``: the offered tools that state was read against
+    (:func:`proxy.request.locate.tools_key`). ``checkpoint``: what the guards kept of it."""
 
     items: bytes | memoryview
     spans: tuple[Span, ...]

@@ -77,6 +77,14 @@ def _entry(
         return None
     last = spans[-1][1]
     extra = start + sum(len(jsonbody.dumps(item, default=str)) for item in key_items)  # head, key items
+    # A view of the body keeps all of it alive: kept only when the bytes outside the history
+    # (its head again, and what follows it: a Messages ``system`` and ``tools``, ``metadata``,
+    # a ``prompt_cache_key``) are at most the history's own, and then counted; else the history
+    # is copied out (a copy the size of the history, and the body is freed with its request).
+    outside = len(raw) - (last - start)
+    view = type(raw) is bytes and outside <= last - start
+    if view:
+        extra += outside
     size = entry_size(last - start, len(fold.calls), len(spans), len(offered)) + extra
     digest = hash(raw[:HEAD_BYTES]) if last >= HEAD_BYTES else None
     if kept is not None:
@@ -84,8 +92,7 @@ def _entry(
         rel = old[:n] + tuple((s - start, e - start) for s, e in spans[n:])
     else:
         rel = tuple((s - start, e - start) for s, e in spans)
-    # a view, not a copy, of an immutable body (kept whole); anything else is copied
-    items = memoryview(raw)[start:last] if type(raw) is bytes else bytes(raw[start:last])
+    items = memoryview(raw)[start:last] if view else bytes(raw[start:last])
     return Prefix(
         items,
         rel,

@@ -43,12 +43,12 @@ response id seen in an upstream answer, an :class:`Entry`:
   id joins the *lost* ids, and a request continuing a lost id is counted but not logged again.
 
 - **One credential's chains**: the server keys each entry by :func:`store_key`, a digest of the
-  request's credential headers (:data:`CREDENTIAL_HEADERS`) and the response id, never by the id
-  alone: an upstream keeps a tenant's responses for that tenant, so a request under another
-  credential that names tenant A's id must not get A's history injected into its guarded
-  transcript. To it the id is unknown, as it is to the upstream. Neither the credential nor the id
-  is held (an id the agent chooses may be megabytes long): the keys and the lost ids are
-  fixed-size digests, the same on every replica.
+  request's credential headers (:data:`CREDENTIAL_HEADERS`), its query string (``?api-key=``,
+  ``?key=``) and the response id, never by the id alone: an upstream keeps a tenant's responses
+  for that tenant, so a request under another credential that names tenant A's id must not get
+  A's history injected into its guarded transcript. To it the id is unknown, as it is to the
+  upstream. Neither the credential nor the id is held (an id the agent chooses may be megabytes
+  long): the keys and the lost ids are fixed-size digests, the same on every replica.
 
 Bounds (:class:`proxy.config.ResponsesStoreConfig`), the least recently used entry dropped
 first: ``max_entries`` (0 keeps nothing); ``max_bytes_mb``, the bytes of the items held (the
@@ -83,22 +83,37 @@ NOT_RUN_TEXT = (
 #: Lost ids remembered (for logging an unknown chain once).
 MAX_LOST = 4096
 CALL_OUTPUT = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
-#: The request headers that name the tenant (OpenAI's bearer token, Azure's ``api-key``,
-#: Anthropic's ``x-api-key``), lower-case: together they scope a kept response.
-CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+#: The request headers that can carry a tenant's credential (OpenAI's bearer token, Azure's
+#: ``api-key`` and API Management's ``Ocp-Apim-Subscription-Key``, Anthropic's ``x-api-key``,
+#: Google's ``x-goog-api-key``, a session cookie), lower-case: with the query they scope a kept
+#: response.
+CREDENTIAL_HEADERS = (
+    "authorization",
+    "api-key",
+    "x-api-key",
+    "x-goog-api-key",
+    "ocp-apim-subscription-key",
+    "cookie",
+)
 
 
-def store_key(headers: Mapping[str, str], rid: str) -> str:
+def store_key(headers: Mapping[str, str], rid: str, query: str = "") -> str:
     """The key of response ``rid`` kept for the credential of a request with ``headers``
-    (case-insensitive, as aiohttp's are): ``r-`` + the first 32 hex digits of SHA-256 over each
-    :data:`CREDENTIAL_HEADERS` value (length-prefixed, empty when absent) and then ``rid``. The
-    same credential and id give the same key on every replica; another credential gives
-    another key."""
+    (case-insensitive, as aiohttp's are) and the query string ``query`` (as sent, without the
+    ``?``): ``r-`` + the first 32 hex digits of SHA-256 over each :data:`CREDENTIAL_HEADERS`
+    value (length-prefixed, empty when absent), the query (length-prefixed) and then ``rid``.
+    The whole query counts, not only the parameters known to carry keys (``api-key``, ``key``,
+    ``access_token``, …): an upstream may read a key from any parameter, and an agent sends the
+    same query on every request of a conversation. The same credential and id give the same key
+    on every replica; another credential, in a header or in the query, gives another key."""
     h = hashlib.sha256()
     for name in CREDENTIAL_HEADERS:
         value = (headers.get(name) or "").encode("utf-8", "surrogatepass")
         h.update(len(value).to_bytes(8, "big"))
         h.update(value)
+    raw = query.encode("utf-8", "surrogatepass")
+    h.update(len(raw).to_bytes(8, "big"))
+    h.update(raw)
     h.update(rid.encode("utf-8", "surrogatepass"))
     return f"r-{h.hexdigest()[:32]}"
 

@@ -37,7 +37,7 @@ from proxy.errors import DialectError
 from proxy.guards import Context, Guard
 from proxy.guards.resume import Checkpoint, evaluate_resumed
 from proxy.request import chain as chains
-from proxy.request.conversation import conversation_key
+from proxy.request.conversation import conversation_key, conversation_keys
 from proxy.request.edits import write
 from proxy.request.locate import NOT_CHAT, Located, locate
 from proxy.request.prefix_cache import Prefix, PrefixCache
@@ -71,6 +71,9 @@ class RequestDecision:
     #: the body has nothing to guard (:func:`proxy.request.plain.nothing_to_guard`): not decoded,
     #: no guard run; the response side builds its stop judge from ``body`` only if an answer has calls
     plain: bool = False
+    #: a fingerprinted conversation past its first tool call: the key its first request had
+    #: (:func:`proxy.request.conversation.conversation_keys`), for the log line
+    opened_as: str | None = None
 
 
 __all__ = ["NESTING", "NOT_CHAT", "RequestDecision", "decide_plain", "decide_request"]
@@ -135,7 +138,9 @@ def decide_request(
         lost = link.chain(True)
         return RequestDecision(raw, (), False, key, model, stream, unguarded=UNKNOWN_PREVIOUS, chain=lost)
     chained = link.history if link is not None else None  # the kept chain and the new items
-    key = conversation_key(headers, located.key_body(member) if chained is None else chained, header_names)
+    key, opened_as = conversation_keys(
+        headers, located.key_body(member) if chained is None else chained, header_names
+    )
     kept = _kept(prefixes, suffix, key, located, chained)
     try:
         history = read(raw, dialect, located, kept, chained)
@@ -179,6 +184,7 @@ def decide_request(
         history.transcript,
         chain=chain,
         checkpoint=done.end,
+        opened_as=opened_as,
     )
 
 
@@ -209,9 +215,9 @@ def decide_plain(
     if isinstance(located, str):
         return RequestDecision(raw, (), False, unguarded=located)
     model, stream = located.model, located.stream
-    key = conversation_key(headers, located.body, header_names)
+    key, opened_as = conversation_keys(headers, located.body, header_names)
     try:
         transcript = dialect.parse_request(located.body)
     except DialectError:
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NOT_CHAT)
-    return RequestDecision(raw, (), False, key, model, stream, transcript, plain=True)
+    return RequestDecision(raw, (), False, key, model, stream, transcript, plain=True, opened_as=opened_as)

@@ -9,8 +9,9 @@ A stream guard (:mod:`proxy.response.stream_guard` for chat completions, one per
   degenerate-text :class:`~proxy.core.actions.Cut` the moment the text degenerates (:mod:`degenerate`);
 - :meth:`AnswerState.runaway`: the calls so far (:class:`~proxy.response.assemble.AssembledCall`, in
   order) and how many of them are complete; returns the runaway cut the moment a call goes past
-  ``response.max_calls_per_response`` or ``max_identical_per_response`` (calls that may change
-  state only, :func:`~proxy.response.decide.runaway_cut`);
+  ``response.max_calls_per_response``, ``max_identical_per_response`` (calls that may change
+  state) or ``max_identical_reads_per_response`` (read-only calls,
+  :func:`~proxy.response.decide.runaway_cut`);
 - :meth:`AnswerState.decide`: the answer's calls are all in (its finish); returns the calls kept, the
   runaway cut and the :class:`~proxy.core.actions.Stop` of the stop judge.
 
@@ -71,7 +72,11 @@ class AnswerState:
         """The runaway rule once ``complete`` of ``calls`` are complete (never fewer than
         before); None when it is off or nothing is past a limit."""
         cfg = self._cfg.response
-        if not (cfg.max_calls_per_response or cfg.max_identical_per_response):
+        if not (
+            cfg.max_calls_per_response
+            or cfg.max_identical_per_response
+            or cfg.max_identical_reads_per_response
+        ):
             return None
         self.complete = max(self.complete, complete)
         return runaway_cut(calls, cfg, self.complete, effects_of(self._cfg.progress))

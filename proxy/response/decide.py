@@ -25,11 +25,12 @@
 - **Runaway** (:func:`runaway_cut`): calls are kept up to the first that is beyond
   ``max_calls_per_response`` or is an identical call (same name and canonical arguments, nothing
   ignored) that may change state (:meth:`proxy.core.effects.EffectRule.may_change`, the config's
-  ``progress`` effects) beyond ``max_identical_per_response``; that call and everything after it
-  are dropped. A read-only call repeated in one answer changes nothing and costs the agent one
-  more read, while a cut drops every call after it (DESIGN §2.2), so identical reads are bounded
-  by ``max_calls_per_response`` only. The stream relay applies the same rule as calls complete,
-  so JSON and SSE agree.
+  ``progress`` effects) beyond ``max_identical_per_response``, or an identical read-only call
+  beyond ``max_identical_reads_per_response``; that call and everything after it are dropped. A
+  read-only call repeated in one answer changes nothing and costs the agent one more read, while
+  a cut drops every call after it (DESIGN §2.2), so identical reads get the higher bound: a few
+  parallel copies pass, a model emitting the same read until its length limit is cut. The
+  stream relay applies the same rule as calls complete, so JSON and SSE agree.
 - **Degenerate text** in a JSON response is detected and reported only (:func:`decide_json`).
 - **Repair** (:mod:`proxy.response.repair`): calls the model wrote as text become
   structured calls before the two decisions above, which then judge them like any others.
@@ -211,6 +212,7 @@ class StopJudge:
         "_escalated",
         "_guards",
         "_monologue",
+        "_room",
         "_transcript",
         "_waste",
         "action_shapes",
@@ -249,6 +251,8 @@ class StopJudge:
         # the waste cap needs at least waste_limit calls in its scope before it can deny one
         on = cfg.stop.on_cap and breaker.enabled and breaker.waste_window
         self._waste = breaker.waste_limit if on else 0
+        # the most calls one answer can bring (a longer one is cut first): how near the cap must be
+        self._room = cfg.response.max_calls_per_response or 1 << 30
         # monologue: the request-side rule says how long the same-text run would get
         self._monologue = next((g for g in guards if isinstance(g, Monologue) and g.config.stop_at), None)
         #: a text-only answer could be stopped (the history already ends in stop_at - 1 assistant
@@ -266,6 +270,17 @@ class StopJudge:
             isinstance(a, Withhold) and a.rule == ESCALATION_RULE and a.position > last_user
             for a in reversed(request_actions)
         )
+
+    @property
+    def possible(self) -> bool:
+        """Some answer to this request could be stopped (no guard run): the turn already has
+        ``stop.after_ignored_denials`` withheld results, the ladder withheld in it, a text could
+        complete a monologue, or one answer's calls could reach the volume or the waste cap. False
+        means no answer is stopped, so ``stop.deliver: error`` streams such an answer unheld."""
+        if 0 < self._after <= self.withheld or self._escalated or self.on_text_only:
+            return True
+        reach = len(self._transcript.calls) + self._room
+        return 0 < self._cap < reach or 0 < self._waste < reach
 
     @staticmethod
     def enabled(cfg: Config) -> bool:
@@ -324,13 +339,38 @@ class StopJudge:
         body = stop_template(self._cfg, MONOLOGUE).format(
             tool=tool, count=count, limit=limit, kind=MONOLOGUE, denials=self.withheld
         )
-        return Stop(text=body, rule=STOP_RULE, tool=tool, count=count, limit=limit, reason=MONOLOGUE)
+        evidence = (("same_replies_in_a_row", count), ("stop_at", limit))
+        return Stop(
+            text=body,
+            rule=STOP_RULE,
+            tool=tool,
+            count=count,
+            limit=limit,
+            reason=MONOLOGUE,
+            evidence=evidence,
+        )
 
     def _stop(self, kind: str, w: Withhold, limit: int | None, template: str = "") -> Stop:
         text = stop_template(self._cfg, template or kind).format(
             tool=w.tool, count=w.count, limit=limit, kind=kind, denials=self.withheld
         )
-        return Stop(text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind)
+        evidence: tuple[tuple[str, int | None], ...]
+        if kind == CAP:
+            scope = "calls_in_request" if template == EPISODE_CAP else "calls_in_conversation"
+            evidence = ((scope, w.count), ("max_calls_per_agent", limit))
+        elif kind == WASTE:
+            evidence = (("calls_bringing_nothing_new", w.count), ("waste_window", limit))
+        elif kind == ESCALATION:  # the ladder's withhold counts the reminders its call ignored
+            evidence = (
+                ("ignored_reminders", w.count),
+                ("after_reminders", limit),
+                ("withheld_in_turn", self.withheld),
+            )
+        else:
+            evidence = (("withheld_in_turn", self.withheld), ("after_ignored_denials", limit))
+        return Stop(
+            text=text, rule=STOP_RULE, tool=w.tool, count=w.count, limit=limit, reason=kind, evidence=evidence
+        )
 
 
 @lru_cache(maxsize=4)
@@ -353,15 +393,20 @@ def runaway_cut(
     """The runaway rule over the first ``complete`` calls (all by default), plus the count limit
     over all of them. Returns a :class:`Cut` whose ``count`` is the number of calls kept, or None.
 
-    Only calls that may change state (``effects``: the config's, :func:`effects_of`) count toward
-    ``max_identical_per_response``: the same edit or command three times in one answer is the
-    runaway, the same read three times is not (it stays bounded by ``max_calls_per_response``)."""
+    Identical calls (same name and canonical arguments) that may change state (``effects``: the
+    config's, :func:`effects_of`) count toward ``max_identical_per_response``: the same edit or
+    command three times in one answer is the runaway. Identical read-only calls count toward
+    ``max_identical_reads_per_response``: a few parallel copies of one read are harmless (and
+    redacted transcripts make distinct reads look alike), twenty are a model stuck repeating
+    itself until its length limit. Both cuts have ``reason`` ``"identical"`` and the limit that
+    was passed."""
     n_complete = len(calls) if complete is None else complete
     cut_at: int | None = None
     reason = ""
     tool = ""
     limit: int | None = None
-    if cfg.max_identical_per_response:
+    writes, reads = cfg.max_identical_per_response, cfg.max_identical_reads_per_response
+    if writes or reads:
         seen: Counter[tuple[str, str]] = Counter()
         changing: dict[tuple[str, str], bool] = {}  # the verdict of each distinct call, once
         for i, call in enumerate(calls[:n_complete]):
@@ -369,11 +414,12 @@ def runaway_cut(
             verdict = changing.get(key)
             if verdict is None:
                 verdict = changing[key] = effects.may_change(call.name, parse_arguments(call.arguments))
-            if not verdict:
+            bound = writes if verdict else reads
+            if not bound:
                 continue
             seen[key] += 1
-            if seen[key] > cfg.max_identical_per_response:
-                cut_at, reason, tool, limit = i, "identical", call.name, cfg.max_identical_per_response
+            if seen[key] > bound:
+                cut_at, reason, tool, limit = i, "identical", call.name, bound
                 break
     max_calls = cfg.max_calls_per_response
     if max_calls and len(calls) > max_calls and (cut_at is None or max_calls < cut_at):
@@ -592,6 +638,7 @@ def cuts_enabled(cfg: Config) -> bool:
     return bool(
         r.max_calls_per_response
         or r.max_identical_per_response
+        or r.max_identical_reads_per_response
         or r.degenerate_text.enabled
         or r.repair_text_tool_calls
     )
@@ -605,6 +652,7 @@ def without_cuts(cfg: Config) -> Config:
         r,
         max_calls_per_response=0,
         max_identical_per_response=0,
+        max_identical_reads_per_response=0,
         degenerate_text=dataclasses.replace(r.degenerate_text, enabled=False),
         repair_text_tool_calls=False,
     )
@@ -643,6 +691,8 @@ class LazyJudge:
     __slots__ = ("_judge", "_make", "action_shapes")
 
     on_text_only = False
+    #: no call in the history: no withheld result, no ladder, no monologue (as :attr:`StopJudge.possible`)
+    possible = False
 
     def __init__(self, make: Callable[[], StopJudge | None], action_shapes: frozenset[str]) -> None:
         self._make: Callable[[], StopJudge | None] | None = make

@@ -31,6 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import orjson
+
 _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = "\ufeff"
 
@@ -145,3 +147,140 @@ class SSEFramer:
             self._data.append(value)
         elif name == "event":
             self._event = value
+
+
+#: The most an :class:`EventGate` holds of one unfinished event before it opens (bytes): a body
+#: that is not an event stream, though labelled one, must not be buffered whole.
+GATE_MAX_HELD = 16 * 1024 * 1024
+
+
+class EventGate:
+    """What of an event stream may go to the agent now: everything up to the last point where the
+    agent's event-stream parser holds nothing (after a blank line, or after comment lines that
+    follow one); the rest is held until the event it belongs to ends.
+
+    Why: an error event written after a partial event is read as part of it (the parser joins it
+    to the unfinished ``data`` line), so the agent's SDK raises a decode or connection error
+    instead of the API error the event carries. With the partial event held back, a stream that
+    breaks mid-event is ended by dropping the held bytes (:meth:`drop`) and writing the error
+    event on its own; a stream that ends normally gets the held bytes (:meth:`flush`), so the
+    agent receives the upstream's bytes exactly, only never half an event before its end.
+
+    The gate opens for good (everything passes at once, as without it) when the stream shows it
+    is not framed as the SDKs read it: a second ``data`` line before a blank line while the first
+    one held a whole JSON value on its own (a server that ends its events with a single line end,
+    read line by line by its clients; a value spread over several ``data`` lines is one event and
+    stays held), or one event past :data:`GATE_MAX_HELD`. A CR at the end of a read is held until
+    the next byte shows whether it starts a CRLF, as in :class:`SSEFramer`. Linear in the bytes
+    fed."""
+
+    __slots__ = ("_buf", "_data", "_empty", "_open", "_pos", "_scan")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0  # start of the first line not read yet
+        self._scan = 0  # bytes before this were searched for a line end already
+        self._empty = True  # the agent's parser holds no field of an unfinished event at _pos
+        #: where the unfinished event's first data line is in the buffer (start, end); None: none
+        #: yet; (-1, -1): it was read and holds no whole value (the event has several data lines)
+        self._data: tuple[int, int] | None = None
+        self._open = False
+
+    @property
+    def held(self) -> int:
+        """Bytes held back (the unfinished event's)."""
+        return len(self._buf)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes from the stream; returns those that may go to the agent now."""
+        if self._open or (not self._buf and _ends_event(chunk)):
+            return chunk  # the common read: whole events, the parser empty before and after it
+        buf = self._buf
+        buf += chunk
+        pos = self._pos
+        safe = 0  # bytes before this may go out
+        while True:
+            m = _EOL.search(buf, max(pos, self._scan))
+            if m is None:
+                self._scan = len(buf)
+                break
+            if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
+                self._scan = m.start()
+                break  # a CR at the end: wait for the next byte (CRLF split across reads)
+            start, pos = pos, m.end()
+            self._scan = pos
+            if start == m.start():  # a blank line: the event ends, the parser holds nothing
+                self._empty, self._data, safe = True, None, pos
+            elif buf[start] == 0x3A:  # a comment line changes nothing in the parser
+                if self._empty:
+                    safe = pos
+            else:
+                self._empty = False
+                if _is_data(buf, start, m.start()):
+                    if self._data is None:
+                        self._data = (start, m.start())
+                    elif self._data[0] >= 0:  # the event's second data line: read the first once
+                        if _whole_json(buf, *self._data):  # one line end between events
+                            return self._opened(buf)
+                        self._data = (-1, -1)  # one value over several data lines: held
+        out = bytes(buf[:safe])
+        del buf[:safe]
+        self._pos = pos - safe
+        self._scan -= safe
+        if self._data is not None and self._data[0] >= 0 and safe:  # the event is after what went out
+            self._data = (self._data[0] - safe, self._data[1] - safe)
+        if len(buf) > GATE_MAX_HELD:
+            return out + self._opened(buf)
+        return out
+
+    def flush(self) -> bytes:
+        """The stream ended as the upstream meant it to: the held bytes, to go out as they are."""
+        rest = bytes(self._buf)
+        self._reset()
+        return rest
+
+    def drop(self) -> int:
+        """The stream broke: forget the held bytes (the agent never gets that half event);
+        returns how many there were."""
+        n = len(self._buf)
+        self._reset()
+        return n
+
+    def _opened(self, buf: bytearray) -> bytes:
+        self._open = True
+        rest = bytes(buf)
+        self._reset()
+        return rest
+
+    def _reset(self) -> None:
+        self._buf.clear()
+        self._pos = self._scan = 0
+        self._empty, self._data = True, None
+
+
+def _ends_event(chunk: bytes) -> bool:
+    """``chunk`` ends with a blank line whose last line end is an LF (``\n\n``, ``\r\n\r\n``,
+    ``\n\r\n``, ``\r\r\n``): read from a line's start, it leaves the parser holding nothing.
+    (A CR at the very end could still become a CRLF: left to the scan.)"""
+    if len(chunk) < 2 or chunk[-1] != 0x0A:
+        return False
+    if chunk[-2] == 0x0A:
+        return True
+    return len(chunk) >= 3 and chunk[-2] == 0x0D and chunk[-3] in (0x0A, 0x0D)
+
+
+def _is_data(buf: bytearray, start: int, end: int) -> bool:
+    """The line ``buf[start:end]`` is a ``data`` field (``data``, ``data:…``)."""
+    return buf.startswith(b"data", start) and (end == start + 4 or buf[start + 4] == 0x3A)
+
+
+def _whole_json(buf: bytearray, start: int, end: int) -> bool:
+    """The ``data`` line ``buf[start:end]`` holds a whole JSON object or array on its own."""
+    value = bytes(buf[start + 5 : end]).strip()
+    if not value.startswith((b"{", b"[")):
+        return False
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return True

@@ -436,7 +436,9 @@ class StreamGuard(FramedGuard):
         if ch is None:
             ch = self._choices[ci] = _Choice(AnswerState(self._cfg, self._judge))
             r = self._cfg.response
-            ch.watch_runaway = bool(r.max_calls_per_response or r.max_identical_per_response)
+            ch.watch_runaway = bool(
+                r.max_calls_per_response or r.max_identical_per_response or r.max_identical_reads_per_response
+            )
         return ch
 
     @staticmethod

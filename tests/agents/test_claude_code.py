@@ -578,3 +578,48 @@ async def test_identical_parallel_reads_are_not_cut(
     assert len(results(fake.bodies[1])) == 4
     assert b'"stop_reason":"tool_use"' in t.responses()[0][1]
     assert (stats["responses_cut"], stats["per_rule"].get("runaway")) == (0, None)
+
+
+async def test_twenty_identical_parallel_reads_are_cut_to_four(
+    claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """Twenty identical ``Read`` calls in one answer are a model repeating itself, not parallel
+    work (``max_identical_reads_per_response``: 4): Claude Code gets the first four
+    (``stop_reason: "tool_use"``), runs them and sends four results."""
+
+    def script(n: int, body: dict[str, Any]) -> list[Block]:
+        if n == 0:
+            return [tool_use("Read", {"file_path": str(work / "app.txt")}) for _ in range(20)]
+        return [text(FINAL)]
+
+    fake = FakeMessages(script)
+    run, t, stats = await proxied_session(claude, upstream, make_proxy, tmp_path, work, fake)
+    assert run.returncode == 0, run.stderr
+    assert (run.result()["result"], len(fake.bodies)) == (FINAL, 2)
+    calls = [b for b in fake.bodies[1]["messages"][-2]["content"] if b["type"] == "tool_use"]
+    assert [c["id"] for c in calls] == [b["id"] for b in fake.step_blocks[0][:4]]
+    assert sorted(r["tool_use_id"] for r in results(fake.bodies[1])) == sorted(c["id"] for c in calls)
+    assert b'"stop_reason":"tool_use"' in t.responses()[0][1]
+    assert (stats["responses_cut"], stats["per_rule"].get("runaway")) == (1, 1)
+
+
+async def test_deliver_error_makes_claude_p_exit_1_with_the_stop_text(
+    claude: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """``stop.deliver: error``: the 7th answer becomes an HTTP 400 (``invalid_request_error``,
+    code ``loop_detected``). Claude Code sends a request that got a 400 three times, then the turn
+    once more with a note added, three times (it does the same with any 400 straight from a
+    server): 6 requests, each stopped the same way, one incident; it prints ``API Error: 400
+    [loopguard] Stopped: …`` as an error result and exits 1. The stopped call never ran."""
+    fake = looping_fake(bash(LOOP_CMD))
+    run, _, stats = await proxied_session(
+        claude, upstream, make_proxy, tmp_path, work, fake, config={"stop": {"deliver": "error"}}
+    )
+    assert run.returncode == 1, run.stderr
+    result = run.result()
+    want = "API Error: 400 [loopguard] Stopped: the model kept calling Bash after 2 reminders"
+    assert result["result"].startswith(want), result["result"]
+    assert (result["is_error"], result["api_error_status"]) == (True, 400)
+    assert [len(b["messages"]) for b in fake.bodies[6:]] == [15, 15, 15, 16, 16, 16]
+    assert (runs(work), stats["stops"]) == (6, 6)
+    assert [i["kind"] for i in stats["incidents"]] == ["stop"]  # one, however often it is retried

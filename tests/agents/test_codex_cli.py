@@ -210,3 +210,22 @@ async def test_looping_session_ends_with_loopguards_stop(
     assert run.returncode == 0, run.stderr
     assert "[loopguard] Stopped: the model kept calling exec_command" in run.stdout
     assert (len(fake.bodies), runs(tmp_path / "work"), stats["stops"]) == (7, 6, 1)
+
+
+async def test_deliver_error_makes_codex_exec_exit_1_with_the_stop_text_and_no_retry(
+    codex: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """``stop.deliver: error``: the 7th answer becomes an HTTP 400 with code ``loop_detected``;
+    ``codex exec`` exits 1 at once, prints the error body (the stop text in it) on stderr after
+    ``ERROR:``, and sent that request once (no retry): 7 requests, 6 runs, 1 stop, 1 incident."""
+    fake = looping_fake()
+    run, _, stats = await codex_session(
+        codex, upstream, make_proxy, tmp_path, fake, config={"stop": {"deliver": "error"}}
+    )
+    assert run.returncode == 1, run.stderr
+    want = 'ERROR: {"error":{"message":"[loopguard] Stopped: the model kept calling exec_command after 2'
+    assert want in run.stderr, run.stderr
+    assert '"code":"loop_detected"' in run.stderr
+    assert "[loopguard] Stopped" not in run.stdout
+    assert (len(fake.bodies), runs(tmp_path / "work"), stats["stops"]) == (7, 6, 1)
+    assert [i["kind"] for i in stats["incidents"]] == ["stop"]

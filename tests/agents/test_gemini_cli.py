@@ -319,3 +319,61 @@ async def test_a_healthy_session_reaches_the_model_byte_identical(
     assert outputs[:2] == [{"output": "hello app\n"}, {"output": "second file\n"}]
     assert "error" not in outputs[2] and list(outputs[3]) == ["output"]
     assert outputs[3]["output"].startswith("<untrusted_context>\nOutput: 1\n")
+
+
+async def test_twenty_identical_reads_in_one_answer_reach_the_cli_as_four(
+    gemini: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """A model stuck emitting the same read in one answer (20 identical ``read_file`` calls, then
+    a text on the next request): through loopguard the CLI gets the first 4
+    (``response.max_identical_reads_per_response``), runs them and sends 4 results; the answer it
+    printed is the model's own."""
+
+    def script(n: int, body: dict[str, Any]) -> list[Part]:
+        if n == 0:
+            return [call("read_file", {"file_path": str(work / "app.txt")}) for _ in range(20)]
+        return [text(FINAL)]
+
+    fake = FakeGemini(script)
+    run, _, stats = await proxied_session(
+        gemini, upstream, make_proxy, tmp_path, work, fake, loop_detection=False
+    )
+    assert (run.returncode, run.stdout, len(fake.bodies)) == (0, FINAL + "\n", 2)
+    sent = [
+        p
+        for c in fake.bodies[1]["contents"]
+        if c["role"] == "model"
+        for p in c["parts"]
+        if "functionCall" in p
+    ]
+    assert [(p["functionCall"]["name"], p["functionCall"]["args"]) for p in sent] == [
+        ("read_file", {"file_path": str(work / "app.txt")})
+    ] * 4
+    assert [r["name"] for r in responses(fake.bodies[1])] == ["read_file"] * 4
+    # the request side may remind about the four identical results (its rules, not pinned here)
+    assert (stats["responses_cut"], stats["per_rule"]["runaway"], stats["internal_errors"]) == (1, 1, 0)
+
+
+async def test_deliver_error_makes_gemini_p_exit_1_with_the_error_and_no_retry(
+    gemini: str, upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path, work: Path
+) -> None:
+    """``stop.deliver: error``: the 7th answer (streamed, held since a stop was possible) becomes
+    an HTTP 400 (``INVALID_ARGUMENT``, ErrorInfo reason ``LOOP_DETECTED``). Gemini CLI sends it
+    once, prints nothing on stdout and the error body inside a stack trace on stderr, and exits 1:
+    7 requests, 6 runs, 1 stop."""
+    fake = looping_fake(shell(LOOP_CMD))
+    run, _, stats = await proxied_session(
+        gemini,
+        upstream,
+        make_proxy,
+        tmp_path,
+        work,
+        fake,
+        {"stop": {"deliver": "error"}},
+        loop_detection=False,
+    )
+    assert (run.returncode, run.stdout, runs(work), len(fake.bodies)) == (1, "", 6, 7), run.stderr
+    want = '_ApiError: {"error":{"code":400,"message":"[loopguard] Stopped: the model kept calling run_shell'
+    assert want in run.stderr, run.stderr
+    assert '"reason":"LOOP_DETECTED"' in run.stderr
+    assert (stats["stops"], [i["kind"] for i in stats["incidents"]]) == (1, ["stop"])

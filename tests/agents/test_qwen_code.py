@@ -430,3 +430,19 @@ def test_hermes_block_is_the_same_call_as_json() -> None:
     assert hermes_json("read_file", {"file_path": "/w/a.txt"}) == (
         '<tool_call>\n{"name":"read_file","arguments":{"file_path":"/w/a.txt"}}\n</tool_call>'
     )
+
+
+async def test_deliver_error_makes_qwen_p_exit_1_with_the_stop_text_and_no_retry(
+    qwen: str, upstream: FakeUpstream, make_proxy: ProxyFactory, work: Path, tmp_path: Path
+) -> None:
+    """The structured cycle above with ``stop.deliver: error``: the 10th answer becomes an HTTP
+    400 (``invalid_request_error``, code ``loop_detected``); Qwen Code sends it once, prints
+    ``[API Error: 400 [loopguard] Stopped: …]`` on stderr, nothing on stdout, and exits 1."""
+    fake = alternating_reads(paths(work), text=False)
+    s = await qwen_session(
+        qwen, upstream, make_proxy, work, tmp_path / "home", fake, {"stop": {"deliver": "error"}}
+    )
+    assert (s.run.returncode, s.run.stdout, len(s.bodies)) == (1, "", 10), s.run.stderr
+    want = "[API Error: 400 [loopguard] Stopped: the model kept calling read_file (5 times) and ignored 2"
+    assert want in s.run.stderr, s.run.stderr
+    assert (s.stats["stops"], [i["kind"] for i in s.stats["incidents"]]) == (1, ["stop"])

@@ -131,15 +131,65 @@ async def test_a_near_miss_admin_path_is_answered_by_the_proxy_and_never_forward
     assert upstream.requests == []
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param("/./loop-guard/metrics", id="dot_segment"),
+        pytest.param("/v1/../loop-guard/metrics", id="dot_dot_segment"),
+        pytest.param("/v1/%2e%2e/loop-guard/metrics", id="escaped_dot_dot"),
+        pytest.param("/%2E/loop-guard/metrics", id="escaped_dot"),
+        pytest.param("/Loop-Guard/metrics", id="mixed_case"),
+        pytest.param("/LOOP-GUARD", id="upper_case"),
+        pytest.param("/loop-guard\\metrics", id="backslash"),
+        pytest.param("/loop-guard%5Cmetrics", id="escaped_backslash"),
+        pytest.param("/loop-guard%20/metrics", id="escaped_space"),
+        pytest.param("/loop-guard%09", id="escaped_tab"),
+        pytest.param("/loop-guard%252fmetrics", id="double_escaped_slash"),
+        pytest.param("/loop-guard;x/metrics", id="path_parameter"),
+        pytest.param("http://agent.example/./loop-guard/metrics", id="absolute_form"),
+    ],
+)
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_any_spelling_of_the_admin_path_is_the_proxys_and_never_carries_the_token_upstream(
+    upstream: FakeUpstream, make_proxy: Any, target: str, method: str
+) -> None:
+    """What is the proxy's is decided on the normalised target (dot segments resolved, case
+    folded, backslashes as slashes, escapes decoded): an upstream that reads the target that way
+    would otherwise answer ``/loop-guard`` with the admin token in hand. Sent on a raw socket:
+    an HTTP client would resolve the dots itself."""
+    base = await make_proxy({"admin_token": "tok"})
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+    writer.write(
+        f"{method} {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\n{}".encode()
+    )
+    got = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 "), got
+    assert orjson.loads(body)["error"]["type"] == "not_found"
+    assert upstream.requests == []
+
+
 async def test_paths_beside_the_admin_prefix_are_still_forwarded(
     upstream: FakeUpstream, make_proxy: Any
 ) -> None:
     base = await make_proxy()
     async with aiohttp.ClientSession() as s:
-        for path in ("/loop-guardx", "/v1/loop-guard/metrics"):
+        for path in (
+            "/loop-guardx",
+            "/v1/loop-guard/metrics",
+            "/loop-guard-x/metrics",
+            "/v1/x/../loop-guard",
+        ):
             async with s.get(base + path) as r:
                 assert r.status == 200, path
-    assert [r.path_qs for r in upstream.requests] == ["/loop-guardx", "/v1/loop-guard/metrics"]
+    assert [r.path_qs for r in upstream.requests] == [
+        "/loop-guardx",
+        "/v1/loop-guard/metrics",
+        "/loop-guard-x/metrics",
+        "/v1/loop-guard",  # the client resolved the dots: /v1/loop-guard is the upstream's
+    ]
 
 
 # --- without a token: loopback peers only -----------------------------------------------------------

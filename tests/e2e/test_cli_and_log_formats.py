@@ -26,6 +26,7 @@ import pytest
 
 import proxy
 from proxy.cli.main import ENVIRONMENT, REDACTED
+from proxy.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")} | {"PYTHONUNBUFFERED": "1"}
@@ -84,10 +85,23 @@ def test_check_config_lists_every_error(tmp_path: Path) -> None:
     assert "s3cret" not in done.stderr
 
 
+def test_check_config_on_a_valid_file_says_it_is_valid_in_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("listen: {port: 4100}\n")
+    done = cli("check-config", str(good))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (
+        f"loopguard: {good} is valid: every key is known and every value has its type and range "
+        "(templates, patterns and URLs included); unset keys take their defaults. Enabled: "
+        + ", ".join(f"{name} ({mode})" for name, mode in Config().modes().items())
+        + ". --print shows the effective config.\n"
+    )
+
+
 def test_check_config_prints_admin_token_redacted(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("admin_token: s3cret\nmode: observe\n")
-    done = cli("check-config", str(good))
+    done = cli("check-config", str(good), "--print")
     assert done.returncode == 0
     assert f"\nadmin_token: {REDACTED}\n" in done.stdout
     assert "s3cret" not in done.stdout

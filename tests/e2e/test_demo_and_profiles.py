@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli.demo import changes, run_demo
+from proxy.cli.demo import changes, invoked_as, run_demo
 from proxy.cli.main import main
 from proxy.config import Config, build, load_config
 
@@ -48,6 +48,19 @@ async def test_demo_prints_reminders_at_3_5_the_ladder_withholds_6_and_stops_7(
     assert '"results_withheld":1' in out
     assert '"stops":1' in out
     assert '"per_rule":{"escalation":1,"repeat_reminder":2,"stop":1}' in out
+
+
+@pytest.mark.parametrize(
+    ("argv0", "command"),
+    [
+        (".venv/bin/loopguard", ".venv/bin/loopguard"),
+        ("/home/u/loopguard/.venv/bin/loopguard", "/home/u/loopguard/.venv/bin/loopguard"),
+        ("loopguard", "loopguard"),  # an activated venv
+        ("/home/u/loopguard/proxy/__main__.py", ".venv/bin/loopguard"),  # python -m proxy
+    ],
+)
+def test_the_demos_next_line_names_loopguard_as_it_was_run(argv0: str, command: str) -> None:
+    assert invoked_as(argv0) == command
 
 
 async def test_demo_without_the_ladder_reminds_at_3_5_8_denies_from_7_and_stops_at_9(
@@ -125,5 +138,10 @@ def test_seed_profiles_have_no_response_side(profile: str) -> None:
     """The seeds only rewrote requests: no stop, no runaway or degenerate-text cut."""
     cfg = load_config(ROOT / "config/profiles" / profile)
     assert (cfg.stop.after_ignored_denials, cfg.stop.on_cap) == (0, False)
-    assert (cfg.response.max_calls_per_response, cfg.response.max_identical_per_response) == (0, 0)
+    r = cfg.response
+    assert (r.max_calls_per_response, r.max_identical_per_response, r.max_identical_reads_per_response) == (
+        0,
+        0,
+        0,
+    )
     assert cfg.response.degenerate_text.enabled is False

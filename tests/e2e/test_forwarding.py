@@ -1032,6 +1032,7 @@ async def test_an_agent_that_hangs_up_after_done_is_not_disconnected(
             "response": {
                 "max_calls_per_response": 0,
                 "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
                 "degenerate_text": {"enabled": False},
             },
             "stop": {"after_ignored_denials": 0, "on_cap": False},
@@ -1227,6 +1228,15 @@ async def raw_exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
         pytest.param("/v1//models", "/v1//models", id="doubled_slash_under_v1"),
         pytest.param("http://agent.example//health", "//health", id="absolute_form_path_only"),
         pytest.param("http://agent.example/v1/models?x=1", "/v1/models?x=1", id="absolute_form_under_v1"),
+        pytest.param("/v1/a/../b", "/v1/a/../b", id="dot_dot_segment_kept"),
+        pytest.param("/v1/./models", "/v1/./models", id="dot_segment_kept"),
+        pytest.param("/%2e%2e/x", "/%2e%2e/x", id="escaped_dot_dot_kept"),
+        pytest.param("/v1/a%2Fb/%7Euser", "/v1/a%2Fb/%7Euser", id="escapes_not_requoted"),
+        pytest.param(
+            "/v1/models?q=../%2e%20x&a=%41", "/v1/models?q=../%2e%20x&a=%41", id="query_not_requoted"
+        ),
+        pytest.param("http://agent.example/v1/x/../y", "/v1/x/../y", id="absolute_form_dots_kept"),
+        pytest.param("/v1/x%zz%", "/v1/x%zz%", id="broken_escape_kept"),
     ],
 )
 async def test_the_upstream_gets_the_request_target_as_the_agent_sent_it(

@@ -21,7 +21,8 @@ Properties:
   with the stop text and ``finish_reason: "stop"``;
 - events past ``MAX_EVENT_BYTES`` (made small here) are forwarded unread, the bytes unchanged;
 - through the real server (a few examples): the agent receives the upstream's bytes exactly, and
-  ``internal_errors`` stays 0.
+  ``internal_errors`` stays 0; a stream the upstream breaks off at any byte reaches the agent as
+  whole events, then the error event on its own (guard failing or not).
 
 Settings: derandomized, bounded examples (the file runs in well under 30 s).
 """
@@ -29,6 +30,7 @@ Settings: derandomized, bounded examples (the file runs in well under 30 s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -68,6 +70,7 @@ OFF = build(
         "response": {
             "max_calls_per_response": 0,
             "max_identical_per_response": 0,
+            "max_identical_reads_per_response": 0,
             "degenerate_text": {"enabled": False},
         }
     },
@@ -663,3 +666,78 @@ def test_through_the_real_server(pair: tuple[Stream, list[bytes]], fail_at: int 
     got, internal_errors, failed = asyncio.run(_through_the_server(stream.raw, writes, fail_at))
     assert got == stream.raw
     assert internal_errors == failed
+
+
+async def _cut_through_the_server(writes: list[bytes], cut: int, fail_at: int | None) -> bytes:
+    """The upstream answers the first ``cut`` bytes of ``writes``, then drops the connection
+    without ending the body; returns what the agent got."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        left = cut
+        for piece in writes:
+            if left <= 0:
+                break
+            await resp.write(piece[:left])
+            left -= len(piece)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        assert request.transport is not None
+        request.transport.close()  # no terminating chunk: the stream broke off
+        return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    original = StreamGuard.feed
+    feeds = itertools.count()
+
+    def flaky(self: StreamGuard, chunk: bytes) -> stream_guard.Output:
+        if next(feeds) == fail_at:
+            raise RuntimeError("fuzz: a bug in the guard")
+        return original(self, chunk)
+
+    got = bytearray()
+    try:
+        with mock.patch.object(StreamGuard, "feed", flaky):
+            upstream = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+            async with serve(None, upstream) as (base, _), aiohttp.ClientSession() as session:
+                url = f"{base}/v1/chat/completions"
+                async with session.post(url, data=REQUEST, headers={"Content-Type": "application/json"}) as r:
+                    assert r.status == 200
+                    with contextlib.suppress(aiohttp.ClientPayloadError):
+                        async for piece in r.content.iter_any():
+                            got += piece
+        return bytes(got)
+    finally:
+        await runner.cleanup()
+
+
+@settings(FUZZ, max_examples=15)
+@given(split_streams(clean=True, huge=False), st.data(), st.one_of(st.none(), st.integers(0, 6)))
+def test_a_stream_broken_off_anywhere_reaches_the_agent_as_whole_events_then_the_error_event(
+    pair: tuple[Stream, list[bytes]], data: st.DataObject, fail_at: int | None
+) -> None:
+    """Cut at any byte, also when the guard fails on some read (fail open): the agent gets a
+    prefix of the upstream's bytes that ends where its parser holds nothing, then the error event
+    on its own (never the error event read as the rest of a half event), unless the answer was
+    already whole."""
+    stream, writes = pair
+    pure = feed([stream.raw], DEFAULT, Judge(None))
+    assume(not pure.guard.actions)
+    cut = data.draw(st.integers(0, len(stream.raw)), label="cut")
+    got = asyncio.run(_cut_through_the_server(writes, cut, fail_at))
+    framer = SSEFramer()
+    events = framer.feed(got) + framer.end()
+    assert framer.finish() == b"", got[-200:]
+    last = events[-1].data if events else None
+    if last is not None and "upstream_disconnected" in last:
+        head = got[: len(got) - len(events[-1].raw)]
+        assert stream.raw.startswith(head)
+        assert orjson.loads(last)["error"]["type"] == "upstream_disconnected"
+    else:  # the whole answer came before the cut: nothing to add
+        assert stream.raw[:cut].startswith(got)

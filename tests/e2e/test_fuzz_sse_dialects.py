@@ -18,6 +18,9 @@ on the plain stream is pinned (pass, stop, runaway cut, degenerate cut); then, d
 - nothing decided: the agent gets exactly the decorated bytes;
 - after the end of the stream nothing is held, and the stream is as complete as the plain one.
 
+Broken off at any byte, the agent gets whole events and then the error event on its own, as the
+edge writes them (:func:`test_a_decorated_stream_broken_off_anywhere_ends_with_the_error_event_on_its_own`).
+
 Through the real server (:func:`test_a_decorated_looping_stream_is_stopped_through_the_server`),
 each dialect's looping answer, decorated, is stopped, with ``internal_errors`` 0; a Responses
 answer is kept, so the chained request that names it is guarded.
@@ -43,10 +46,10 @@ from proxy.core.actions import Cut, Stop
 from proxy.edge import relay
 from proxy.edge.keys import STATS_KEY
 from proxy.response.assemble import AssembledCall
-from proxy.response.gemini_stream import GeminiStreamGuard
+from proxy.response.gemini_stream import GeminiArrayGuard, GeminiStreamGuard
 from proxy.response.messages_stream import MessagesStreamGuard
 from proxy.response.responses_stream import ResponsesStreamGuard
-from proxy.response.sse import SSEFramer
+from proxy.response.sse import EventGate, SSEFramer
 from proxy.response.stream_guard import FramedGuard, StreamGuard
 from tests.helpers.fakes import repeated_call_messages, sse_events, tool_call
 from tests.helpers.gemini_contents import gemini_body
@@ -329,6 +332,50 @@ def test_each_form_alone_is_read_like_the_plain_stream(wire: Wire, form: Callabl
         assert agent_view(got.out) == agent_view(plain.out)
 
 
+# --- broken off anywhere: whole events, then the error event on its own --------------------------------
+
+ERROR_EVENT = b'data: {"error":{"message":"cut","type":"upstream_disconnected","code":502}}\n\n'
+
+
+def broken_off(wire: Wire, reads: Sequence[bytes], cfg: Config, judge: Any) -> bytes:
+    """What the agent gets when the upstream breaks off after ``reads``, as the edge writes it
+    (:func:`proxy.edge.relay.relay_sse` and :class:`proxy.edge.upstream.GatedStream`): each
+    read's output through the gate, the guard's held bytes released at the break, the half event
+    the gate holds dropped, then the error event."""
+    guard, gate, out = wire.guard(cfg, judge), EventGate(), bytearray()
+    for chunk in reads:
+        o = guard.feed(chunk)
+        out += gate.feed(o.data)
+        if o.abort:
+            return bytes(out + gate.flush())  # the guard's own cut ends the stream whole
+    out += gate.feed(guard.release())
+    gate.drop()
+    return bytes(out) + ERROR_EVENT
+
+
+@FUZZ
+@given(data=st.data())
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+@pytest.mark.parametrize("wire", WIRES, ids=[w.name for w in WIRES])
+def test_a_decorated_stream_broken_off_anywhere_ends_with_the_error_event_on_its_own(
+    wire: Wire, scenario: tuple[Any, ...], data: st.DataObject
+) -> None:
+    """Cut at any byte of any form: the agent parses whole events only (each data a JSON value, as
+    sent), then the error event, and nothing unended: never a half event the error event would be
+    read as the rest of."""
+    _, cfg, judge, text, _ = scenario
+    raw = data.draw(decorated(wire.answer(text)), label="stream")
+    cut = data.draw(st.integers(0, len(raw)), label="cut")
+    reads = data.draw(splits(raw[:cut]), label="reads")
+    got = broken_off(wire, reads, cfg, judge)
+    framer = SSEFramer()
+    events = framer.feed(got) + framer.end()
+    assert framer.finish() == b""
+    parsed = [orjson.loads(e.data) if e.data != "[DONE]" else e.data for e in events if e.data is not None]
+    if got.endswith(ERROR_EVENT):
+        assert parsed[-1] == orjson.loads(ERROR_EVENT[6:])
+
+
 # --- through the real server -----------------------------------------------------------------------
 
 FORMS = {
@@ -399,5 +446,8 @@ def test_a_decorated_looping_stream_is_stopped_through_the_server(wire: Wire, fo
 
 
 def test_wires_cover_every_stream_guard() -> None:
-    """A new stream guard (a new dialect) gets its row in :data:`WIRES`."""
-    assert {w.guard for w in WIRES} == {StreamGuard, *relay._STREAM_GUARDS.values()}
+    """A new stream guard (a new dialect) gets its row in :data:`WIRES`. Gemini's JSON-array stream
+    is no event stream (none of these SSE forms applies to it): its own fuzz is in
+    ``tests/unit/response/test_gemini_shapes.py``."""
+    sse_guards = set(relay._STREAM_GUARDS.values()) - {GeminiArrayGuard}
+    assert {w.guard for w in WIRES} == {StreamGuard, *sse_guards}

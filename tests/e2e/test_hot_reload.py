@@ -10,6 +10,9 @@ import asyncio
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,13 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Config, load_config, restart_keys
+from proxy.config.checks import NESTED_QUANTIFIERS
+from proxy.config.load import MAX_NODES
 from proxy.edge.serve import start
 from tests.e2e.test_shutdown import free_port
 from tests.helpers.fakes import FakeUpstream, completion, repeated_call_messages, tool_call
 from tests.helpers.proxy_server import serve_process
+from tests.unit.config.test_hostile_config import bomb
 
 CHAT = "/v1/chat/completions"
 #: The response side's runaway limit is on (2 identical calls per answer, the default) ...
@@ -120,7 +126,7 @@ REJECTED = [
     ),
     pytest.param(
         "admin_token: tok\nguards: {repeat_remindr: {}}\n",
-        "guards.repeat_remindr: unknown key",
+        "guards.repeat_remindr: unknown key (did you mean 'repeat_reminder'?)",
         id="unknown_key",
     ),
     pytest.param("admin_token: [tok\n", "<file>: ", id="not_yaml"),
@@ -129,6 +135,11 @@ REJECTED = [
         "listen.max_connections: cannot change without a restart (changed: listen.max_connections); "
         "nothing reloaded",
         id="restart_only_key",
+    ),
+    pytest.param(
+        "admin_token: tok\nprogress: {masks: ['\\d+ ms', '(\\w+\\s?)+$']}\n",
+        f"progress.masks[1]: {NESTED_QUANTIFIERS}",
+        id="nested_quantifiers",
     ),
     pytest.param(
         "admin_token: tok\nstate: {backend: 'redis://127.0.0.1:1/0'}\n",
@@ -154,6 +165,45 @@ async def test_reload_endpoint_rejects_a_bad_file_naming_the_key_and_keeps_the_o
         # the old admin token too: a rejected file changed nothing
         async with s.get(base + "/loop-guard", headers=AUTH) as r:
             assert r.status == 200
+
+
+async def test_reload_refuses_an_alias_bomb_unexpanded_and_keeps_the_old_config(
+    upstream: FakeUpstream, proxy: tuple[str, Path]
+) -> None:
+    base, path = proxy
+    upstream.handler = answer_with(three_identical())
+    path.write_text(bomb())  # 10^8 strings in about 300 bytes
+    async with aiohttp.ClientSession() as s:
+        started = time.perf_counter()
+        status, body = await reload(s, base)
+        assert time.perf_counter() - started < 2.0  # expanding it took 70 s and 1.2 GB
+        assert status == 400
+        assert body["error"]["message"] == (
+            f"loopguard: config not reloaded: <file>: {path} expands to more than {MAX_NODES} YAML "
+            "nodes through its aliases (an alias bomb?); refused unread"
+        )
+        assert await calls_in_answer(s, base) == 2  # the old config: still cut
+
+
+def test_serve_refuses_an_alias_bomb_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "lg.yaml"
+    path.write_text(bomb())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")}
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        timeout=60,
+    )
+    assert time.perf_counter() - started < 30  # the interpreter's start; the refusal is instant
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"loopguard: invalid configuration: <file>: {path} expands to more than {MAX_NODES} YAML "
+        "nodes through its aliases (an alias bomb?); refused unread\n"
+    )
 
 
 async def test_request_in_flight_finishes_under_the_config_it_started_with(

@@ -186,7 +186,7 @@ def test_check_config_redacts_urls_and_shows_an_empty_admin_token_as_off(tmp_pat
         "state: {backend: 'redis://default:RedisPw123@redis:6379/0'}\n"
         "upstream: {url: 'https://user:pw@h.example/v1?api-key=sk-1&api-version=2024-02-01'}\n",
     )
-    done = cli("check-config", str(path))
+    done = cli("check-config", str(path), "--print")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "  url: https://<redacted>@h.example/v1?api-key=<redacted>&api-version=<redacted>" in lines
@@ -197,7 +197,9 @@ def test_check_config_redacts_urls_and_shows_an_empty_admin_token_as_off(tmp_pat
 
 
 def test_an_unset_admin_token_stays_null_and_urls_without_credentials_stay_as_written(tmp_path: Path) -> None:
-    done = cli("check-config", str(_file(tmp_path, "state: {backend: 'unix:///run/redis.sock'}\n")))
+    done = cli(
+        "check-config", str(_file(tmp_path, "state: {backend: 'unix:///run/redis.sock'}\n")), "--print"
+    )
     lines = done.stdout.splitlines()
     assert "admin_token: null" in lines
     assert "  url: http://127.0.0.1:8080/v1" in lines
@@ -218,8 +220,29 @@ def test_an_unset_admin_token_stays_null_and_urls_without_credentials_stay_as_wr
         ),
         ("state: {backend: memry}\n", "state.backend: must be 'memory' or a redis:// URL, got 'memry'"),
         ("upstream: {url: 12}\n", "upstream.url: must be a string, got 12"),
+        (
+            "upstream: {url: 'localhost:8080/v1'}\n",
+            "upstream.url: must be an http(s) URL, got 'localhost:8080/v1'",
+        ),
+        (
+            "upstream: {url: '127.0.0.1:8080/v1?api-key=sk-1&api-version=2024&auth_token=t'}\n",
+            "upstream.url: must be an http(s) URL, got "
+            "'127.0.0.1:8080/v1?api-key=<redacted>&api-version=2024&auth_token=<redacted>'",
+        ),
+        (
+            "upstream: {url: 'u:pw@localhost:8080/v1'}\n",
+            "upstream.url: must be an http(s) URL, got a value that is not a URL with a host (not shown)",
+        ),
     ],
-    ids=["upstream-userinfo", "backend-unparsed", "backend-word", "url-not-a-string"],
+    ids=[
+        "upstream-userinfo",
+        "backend-unparsed",
+        "backend-word",
+        "url-not-a-string",
+        "url-without-scheme-shown",
+        "url-without-scheme-key-query-marked",
+        "url-without-scheme-userinfo-hidden",
+    ],
 )
 def test_url_errors_never_show_credentials(tmp_path: Path, text: str, error: str) -> None:
     _, errors = config_errors(_file(tmp_path, text))

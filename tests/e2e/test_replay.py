@@ -179,8 +179,8 @@ async def test_capture_rotates_and_replay_reads_the_backups(
 
 T3_TABLE = """\
 T3 (loop): 10 calls, 1 actions
-  call  rule       kind    reason  side     mode
-  5     echo_loop  remind  -       request  enforce
+  call  rule       kind    reason  count  side     mode
+  5     echo_loop  remind  -       3/3    request  enforce
 
 totals over 1 conversation:
   rule       remind  withhold  stop  cut  total
@@ -234,6 +234,14 @@ def test_replay_json_on_fixtures_through_the_cli() -> None:
     assert doc["totals"] == totals(replay_all(load([LOOPS / "T10.json", LOOPS / "F3.json"]), Config()))
 
 
+def test_two_reminders_of_one_rule_at_one_call_are_told_apart_by_their_count() -> None:
+    """T1's last step has parallel calls that pass two thresholds of repeat_reminder (5 and 8):
+    two reminders after the same results (delivered as one message), both at its last call."""
+    (result,) = replay_all(load([LOOPS / "T1.json"]), Config())
+    at_25 = [(a.rule, a.kind, a.evidence) for a in result.acts if a.call == 25 and a.kind == "remind"]
+    assert at_25 == [("repeat_reminder", "remind", "5/5"), ("repeat_reminder", "remind", "8/8")]
+
+
 def test_replay_output_formats_agree() -> None:
     results = replay_all(load([LOOPS / "T3.json"]), Config())
     assert table(results) == T3_TABLE
@@ -247,6 +255,8 @@ def test_replay_output_formats_agree() -> None:
             "exchange": 5,
             "mode": "enforce",
             "reason": "",
+            "count": 3,
+            "limit": 3,
         }
     ]
 
@@ -259,9 +269,9 @@ LOOPS_TOTALS = {
     "recurrence": {"remind": 5},
     "repeat_reminder": {"remind": 17},
     "repeated_failure": {"remind": 5},
-    # T16's 24 identical submit_implementation calls; T1's 20 identical ``git status -sb`` in one
-    # reply are read-only, so only the call limit bounds them (the request side acts on T1 by call 5)
-    "runaway": {"cut": 1},
+    # T16's 24 identical submit_implementation calls (cut past 2), and T1's 20 identical
+    # ``git status -sb`` in one reply (read-only: cut past 4)
+    "runaway": {"cut": 2},
     "stop": {"stop": 49},
 }
 
@@ -314,16 +324,16 @@ async def test_replay_of_a_capture_keeps_narration_timing(
 REALTRAJ = runs_dir()
 REALTRAJ_TABLE = """\
 coder-django__django-12915-3-programmer (real instance_resolved): 20 calls, 3 actions
-  call  rule              kind      reason     side     mode
-  12    repeated_failure  remind    -          request  enforce
-  13    repeat_reminder   remind    -          request  enforce
-  14    escalation        withhold  reminders  request  enforce
+  call  rule              kind      reason     count  side     mode
+  12    repeated_failure  remind    -          2/2    request  enforce
+  13    repeat_reminder   remind    -          3/3    request  enforce
+  14    escalation        withhold  reminders  2/2    request  enforce
 
 coder-sympy__sympy-17022-4-tester (real exit_cost): 31 calls, 3 actions
-  call  rule              kind    reason  side     mode
-  19    repeated_failure  remind  -       request  enforce
-  26    repeated_failure  remind  -       request  enforce
-  27    repeated_failure  remind  -       request  enforce
+  call  rule              kind    reason  count  side     mode
+  19    repeated_failure  remind  -       3/3    request  enforce
+  26    repeated_failure  remind  -       2/2    request  enforce
+  27    repeated_failure  remind  -       3/3    request  enforce
 
 totals over 2 conversations:
   rule              remind  withhold  stop  cut  total

@@ -140,8 +140,41 @@ async def test_stop_is_logged_in_the_request_line(
         "count": 9,
         "limit": 2,
         "reason": "denials",
+        "withheld_in_turn": 2,  # what the limit counts, named
+        "after_ignored_denials": 2,
     }
     assert STOP_TEXT not in err  # never message content
+
+
+async def test_a_fingerprinted_conversations_lines_name_the_key_of_its_first_request(
+    upstream: FakeUpstream, make_proxy, agent, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No conversation header: the first request (no tool call yet) is keyed by the opening's
+    fingerprint, the later ones by one that reads the first call's id too; each later line says
+    ``opened_as`` the first one's key."""
+    saved = structlog.get_config()
+    configure_logging("info")
+    try:
+        base = await make_proxy()
+        capfd.readouterr()
+        for history in (repeated_call_messages(0), repeated_call_messages(1), repeated_call_messages(2)):
+            body = orjson.dumps({"model": "m", "messages": history})
+            async with agent.post(base + CHAT, data=body) as r:
+                await r.read()
+        err = ""
+        for _ in range(200):
+            err += capfd.readouterr().err
+            if err.count('"request"') >= 3:
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        structlog.configure(**saved)
+    lines = [
+        orjson.loads(x) for x in err.splitlines() if '"event": "request"' in x or '"event":"request"' in x
+    ]
+    first, *later = [(x["conversation"], x.get("opened_as")) for x in lines]
+    assert first[1] is None and first[0].startswith("fp-")
+    assert later == [(later[0][0], first[0])] * 2 and later[0][0] != first[0]
 
 
 # --- runaway ------------------------------------------------------------------------------------------
@@ -201,12 +234,13 @@ async def test_300_identical_streamed_calls_agent_gets_2_and_upstream_is_closed(
     [
         pytest.param("write_file", 300, 2, id="300_writes_cut_to_2"),
         pytest.param("write_file", 3, 2, id="3_writes_cut_to_2"),
-        pytest.param("read_file", 300, 32, id="300_reads_cut_to_32"),
+        pytest.param("read_file", 300, 4, id="300_reads_cut_to_4"),
+        pytest.param("read_file", 5, 4, id="5_reads_cut_to_4"),
         pytest.param("read_file", 3, 3, id="3_reads_pass"),
         pytest.param("Read", 4, 4, id="4_Reads_pass"),
     ],
 )
-async def test_json_response_with_identical_calls_cuts_only_state_changing_repeats(
+async def test_json_response_with_identical_calls_cuts_writes_past_2_and_reads_past_4(
     upstream: FakeUpstream, sdk, name: str, n: int, kept: int
 ) -> None:
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
@@ -222,8 +256,8 @@ async def test_json_response_with_identical_calls_cuts_only_state_changing_repea
     assert snap["responses_cut"] == (1 if kept < n else 0)
 
 
-@pytest.mark.parametrize(("name", "n", "kept"), [("read_file", 300, 32), ("Read", 4, 4), ("grep", 3, 3)])
-async def test_streamed_identical_reads_are_left_to_the_call_limit(
+@pytest.mark.parametrize(("name", "n", "kept"), [("read_file", 300, 4), ("Read", 4, 4), ("grep", 3, 3)])
+async def test_streamed_identical_reads_are_cut_past_four(
     upstream: FakeUpstream, sdk, name: str, n: int, kept: int
 ) -> None:
     progress: dict[str, Any] = {"written": 0, "closed": asyncio.Event()}
@@ -559,6 +593,7 @@ async def test_response_side_off_relays_everything(upstream: FakeUpstream, make_
             "response": {
                 "max_calls_per_response": 0,
                 "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
                 "degenerate_text": {"enabled": False},
             },
         }

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
@@ -240,6 +241,7 @@ NO_RESPONSE_SIDE = {
     "response": {
         "max_calls_per_response": 0,
         "max_identical_per_response": 0,
+        "max_identical_reads_per_response": 0,
         "degenerate_text": {"enabled": False},
     },
 }
@@ -303,34 +305,56 @@ async def test_a_gzip_answer_is_kept(upstream: FakeUpstream, make_proxy: ProxyFa
     assert stats["responses_store"]["entries"] == 8
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize(
-    ("header", "tenant_a", "tenant_b"),
+    ("where", "tenant_a", "tenant_b"),
     [
         pytest.param("Authorization", "Bearer sk-tenant-a", "Bearer sk-tenant-b", id="bearer"),
         pytest.param("api-key", "azure-key-a", "azure-key-b", id="azure_api_key"),
+        pytest.param("x-goog-api-key", "AIza-a", "AIza-b", id="google_api_key"),
         pytest.param("Authorization", "Bearer sk-tenant-a", None, id="no_credential"),
+        pytest.param("?api-key=", "azure-key-a", "azure-key-b", id="query_api_key"),
+        pytest.param("?key=", "AIza-a", "AIza-b", id="query_key"),
+        pytest.param("?key=", "AIza-a", None, id="query_key_then_none"),
     ],
 )
 async def test_a_response_id_is_known_only_under_the_credential_that_created_it(
-    upstream: FakeUpstream, make_proxy: ProxyFactory, header: str, tenant_a: str, tenant_b: str | None
+    upstream: FakeUpstream,
+    make_proxy: ProxyFactory,
+    where: str,
+    tenant_a: str,
+    tenant_b: str | None,
+    stream: bool,
 ) -> None:
     """Tenant A's chain reads the same file three times; another credential naming A's last
     response id must not be guarded over A's history (its reminder would quote A's call into
     the other tenant's request): to it the id is unknown, and its bytes go upstream unchanged.
-    A itself, continuing the same id, gets the reminder."""
+    A itself, continuing the same id, gets the reminder. A credential is whatever the upstream
+    could read: a header, or a key in the query string (``?api-key=``, ``?key=``), with the
+    same headers for both tenants."""
     fake = FakeResponses(looping_script(), stateful=True)
     upstream.handler = fake.handle
     base = await make_proxy()
-    a = {header: tenant_a}
-    b = {header: tenant_b} if tenant_b is not None else {}
 
-    async def post(headers: dict[str, str], body: dict[str, Any]) -> Any:
+    def tenant(value: str | None) -> tuple[str, dict[str, str]]:
+        if where.startswith("?"):  # the same headers for both: only the query tells them apart
+            return f"{where}{value}" if value else "", {"Authorization": "Bearer shared-gateway-key"}
+        return "", {where: value} if value is not None else {}
+
+    a, b = tenant(tenant_a), tenant(tenant_b)
+
+    async def post(who: tuple[str, dict[str, str]], body: dict[str, Any]) -> Any:
+        query, headers = who
         async with (
             aiohttp.ClientSession() as s,
-            s.post(base + "/v1/responses", json=body, headers=headers) as r,
+            s.post(base + "/v1/responses" + query, json={**body, "stream": stream}, headers=headers) as r,
         ):
             assert r.status == 200
-            return await r.json()
+            if not stream:
+                return await r.json()
+            text = (await r.read()).decode()
+            done = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+            return next(e["response"] for e in done if e.get("type") == "response.completed")
 
     answer = await post(a, {"model": "m", "input": PROMPT})
     for _ in range(2):
@@ -342,6 +366,7 @@ async def test_a_response_id_is_known_only_under_the_credential_that_created_it(
         "model": "m",
         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}],
         "previous_response_id": answer["id"],
+        "stream": stream,
     }
     sent = len(upstream.requests)
     await post(b, third)

@@ -328,7 +328,8 @@ async def responses_conversation(
             "tools": [{"type": "function", "name": "read_file", "description": MARKER, "parameters": {}}],
         }
         async with s.post(
-            f"{base}/v1/responses?api-version={MARKER}",
+            # a key in the query scopes the kept responses (store_key) and is never logged either
+            f"{base}/v1/responses?api-version={MARKER}&api-key={MARKER}",
             data=orjson.dumps(body),
             headers=agent_headers(key, "loop"),
         ) as r:

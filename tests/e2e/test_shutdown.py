@@ -233,3 +233,48 @@ async def test_a_json_request_streamed_upstream_gets_a_503_at_the_end_of_one_gra
         "warning",
     )
     assert grace_s <= answered < grace_s + 1.0, answered
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/models"])
+async def test_an_agent_still_uploading_its_body_gets_a_503_at_the_end_of_one_grace(
+    upstream: FakeUpstream, tmp_path: Path, path: str
+) -> None:
+    """SIGTERM while the agent is still sending its body (half of it sent, the rest never comes
+    before the grace ends): the agent gets the 503 within about a second of the grace, not an
+    empty close from the runner's cleanup two seconds later; nothing goes upstream."""
+    grace_s = 1.0
+    proc, port, _ = await serve(upstream.url, tmp_path, grace_s, False)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = orjson.dumps({"model": "m", "messages": repeated_call_messages(1)})
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[: len(body) // 2]
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the proxy is reading the body
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        got = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        answered = time.monotonic() - sent
+        length = int(got.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0])
+        got += await asyncio.wait_for(reader.readexactly(length), 10)
+        closed = await asyncio.wait_for(reader.read(), 10)  # the connection closes after it
+        writer.close()
+        code = await asyncio.wait_for(proc.wait(), 10)
+        exited = time.monotonic() - sent
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.stderr is not None
+    lines = [orjson.loads(x) for x in (await proc.stderr.read()).decode().splitlines() if x.startswith("{")]
+    (request,) = [x for x in lines if x.get("event") == "request"]
+    head, _, answer = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), got
+    wire = "/v1/messages" if path == "/v1/messages" else "/v1/chat/completions"
+    assert orjson.loads(answer) == SHUTDOWN_503[wire]
+    assert (request["status"], request["shutdown"], request["body_incomplete"]) == (503, True, True)
+    assert (upstream.requests, closed, code) == ([], b"", 0)
+    assert grace_s <= answered < grace_s + 0.5, answered
+    assert exited < grace_s + 1.5, exited

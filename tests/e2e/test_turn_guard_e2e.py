@@ -190,7 +190,9 @@ async def test_ledger_endpoint_404s_and_admin_token(upstream: FakeUpstream, make
     status, body = await get(base, "/loop-guard?conversation=nobody", "s3cret")
     assert status == 404
     assert body["error"]["message"] == (
-        f"no turn_guard ledger for conversation {key_digest('nobody')} (unknown, expired, or turn_guard off)"
+        f"no turn_guard ledger for conversation {key_digest('nobody')} (unknown, expired, or turn_guard off; "
+        "a fingerprinted conversation's first request, before its first tool call, is logged "
+        "under the key its later lines name opened_as: ask for their conversation key)"
     )
     async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard?conversation=nobody") as r:
         assert r.status == 401

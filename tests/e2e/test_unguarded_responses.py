@@ -7,7 +7,10 @@ call came through where the stop should be, and neither the log line nor a count
 guarded request asks for ``Accept-Encoding: identity`` while the response side is on, and every
 answer it was to read and could not is counted by reason: ``content_encoding`` (compressed
 anyway), ``content_type`` (a 200 answer neither SSE nor JSON), ``too_large`` (an event past the
-limit), ``internal_error`` (the response side failed open).
+limit), ``internal_error`` (the response side failed open), ``candidates`` (a Gemini answer with
+several candidates, or one other than the first: which one the agent acts on is not known).
+Gemini's JSON-array stream (``:streamGenerateContent`` without ``alt=sse``) is read, element by
+element, as its SSE form is.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from proxy.response import stream_guard
 from proxy.response.stream_guard import StreamGuard
 from tests.conftest import ProxyFactory
 from tests.helpers.fakes import FakeUpstream, completion, repeated_call_messages, sse_events, tool_call
+from tests.helpers.gemini_contents import gemini_body
 from tests.helpers.messages_blocks import messages_body
 from tests.helpers.messages_items import message, message_events
 from tests.helpers.responses_items import function_call_item, response_events, response_object, responses_body
@@ -103,7 +107,7 @@ async def post(base: str, path: str, body: bytes) -> tuple[bytes, dict[str, Any]
 
 
 def request_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == "request" and e.get("path", "").startswith("/v1/")]
+    return [e for e in logs if e["event"] == "request" and e.get("path", "").startswith(("/v1/", "/v1beta/"))]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -150,6 +154,7 @@ async def test_response_side_off_leaves_accept_encoding_and_counts_nothing(
         "response": {
             "max_calls_per_response": 0,
             "max_identical_per_response": 0,
+            "max_identical_reads_per_response": 0,
             "degenerate_text": {"enabled": False},
             "repair_text_tool_calls": False,
         },
@@ -205,3 +210,105 @@ async def test_every_answer_the_response_side_could_not_read_is_counted(
     assert stats["unguarded_responses"] == {reason: 1}
     assert f'loopguard_unguarded_responses_total{{reason="{reason}"}} 1.0' in metrics
     assert [e.get("unguarded_response") for e in request_lines(logs)] == [reason]
+
+
+# --- Gemini: answers with another candidate, the JSON-array stream ---------------------------------------
+
+GEMINI_LOOPING = orjson.dumps(gemini_body(repeated_call_messages(8)))
+GEMINI_PATHS = {
+    "json": "/v1beta/models/g:generateContent",
+    "sse": "/v1beta/models/g:streamGenerateContent?alt=sse",
+    "array": "/v1beta/models/g:streamGenerateContent",
+}
+
+
+def gemini_answer(form: str, events: list[bytes]) -> tuple[bytes, str]:
+    """An answer in ``form`` (``json``: the events' objects merged into one response; ``sse``;
+    ``array``: the JSON-array stream) and its content type."""
+    objs = [orjson.loads(e.removeprefix(b"data: ")) for e in events]
+    if form == "sse":
+        return b"".join(events), "text/event-stream"
+    if form == "array":
+        return b"[" + b"\n,\r\n".join(orjson.dumps(o) for o in objs) + b"\n]", "application/json"
+    merged: dict[str, Any] = {**objs[-1], "candidates": []}
+    for o in objs:
+        for c in o["candidates"]:
+            index = c.get("index", 0)
+            while len(merged["candidates"]) <= index:
+                merged["candidates"].append({"content": {"role": "model", "parts": []}, "index": index})
+            merged["candidates"][index]["content"]["parts"] += (c.get("content") or {}).get("parts") or []
+            if "finishReason" in c:
+                merged["candidates"][index]["finishReason"] = c["finishReason"]
+    return orjson.dumps(merged), "application/json"
+
+
+def candidate(index: int, parts: list[Any], finish: str | None = None) -> dict[str, Any]:
+    cand: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": index}
+    if finish is not None:
+        cand["finishReason"] = finish
+    return cand
+
+
+def data(*candidates: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps({"candidates": list(candidates), "modelVersion": "g"}) + b"\r\n\r\n"
+
+
+READ = {"functionCall": {"name": "read_file", "args": {"path": "app.py"}}}
+#: the looping call in the first candidate, and a second candidate (candidateCount: 2)
+OTHER_CANDIDATES = {
+    "two_candidates": [
+        data(candidate(0, [READ]), candidate(1, [{"text": "Done."}])),
+        data(candidate(0, [], "STOP"), candidate(1, [], "STOP")),
+    ],
+    "index_1": [
+        data(candidate(0, [READ])),
+        data(candidate(1, [{"text": "Done."}], "STOP")),
+        data(candidate(0, [], "STOP")),
+    ],
+}
+
+
+@pytest.mark.parametrize("form", list(GEMINI_PATHS))
+@pytest.mark.parametrize("shape", list(OTHER_CANDIDATES))
+async def test_a_gemini_answer_with_another_candidate_passes_untouched_and_is_counted(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, shape: str, form: str
+) -> None:
+    """Before: two candidates, or a candidate with ``index`` 1, passed unread with no count and no
+    log field, the looping call included. Which candidate the agent acts on is not known, so the
+    answer still passes as it came, and now it is counted: ``unguarded_responses{reason="candidates"}``."""
+    answer, ctype = gemini_answer(form, OTHER_CANDIDATES[shape])
+    upstream.handler = _fixed(answer, ctype)
+    base = await make_proxy(CONFIG)
+    with capture_logs() as logs:
+        got, stats, metrics = await post(base, GEMINI_PATHS[form], GEMINI_LOOPING)
+    assert got == answer
+    assert stats["stops"] == 0
+    assert stats["unguarded_responses"] == {"candidates": 1}
+    assert 'loopguard_unguarded_responses_total{reason="candidates"} 1.0' in metrics
+    assert [e.get("unguarded_response") for e in request_lines(logs)] == ["candidates"]
+
+
+async def test_a_looping_gemini_json_array_stream_is_stopped(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """``:streamGenerateContent`` without ``alt=sse`` (the JSON-array stream): before, relayed
+    unread, uncounted; now its elements are read as the SSE events are, the looping call is
+    stopped, and the agent gets one valid array."""
+    events = [
+        data(candidate(0, [{"text": "Again."}])),
+        data(candidate(0, [READ])),
+        data(candidate(0, [], "STOP")),
+    ]
+    answer, ctype = gemini_answer("array", events)
+    upstream.handler = _fixed(answer, ctype)
+    base = await make_proxy(CONFIG)
+    got, stats, _ = await post(base, GEMINI_PATHS["array"], GEMINI_LOOPING)
+    elements = orjson.loads(got)
+    assert [[p.get("text", "") for p in e["candidates"][0]["content"]["parts"]] for e in elements] == [
+        ["Again."],
+        [elements[1]["candidates"][0]["content"]["parts"][0]["text"]],
+    ]
+    assert elements[1]["candidates"][0]["content"]["parts"][0]["text"].startswith("\n\n[loopguard] Stopped:")
+    assert elements[1]["candidates"][0]["finishReason"] == "STOP"
+    assert got.startswith(b"[" + orjson.dumps(orjson.loads(events[0].removeprefix(b"data: "))))
+    assert (stats["stops"], stats["unguarded_responses"]) == (1, {})

@@ -16,7 +16,7 @@ from proxy.guards.waiting import PROCESS_TEXT, SLEEP_TEXT
 from tests.conftest import ProxyFactory
 from tests.helpers.fake_messages import FakeMessages, tool_use
 from tests.helpers.fake_responses import FakeResponses, function_call
-from tests.helpers.fakes import FakeUpstream
+from tests.helpers.fakes import FakeUpstream, repeated_call_messages, scripted_model, tool_call
 from tests.unit.core.test_waits import POLL, SID, codex
 
 START = {"cmd": "cargo build --release", "workdir": "/srv/app", "yield_time_ms": 10000}
@@ -132,3 +132,52 @@ async def test_a_long_claude_sleep_gets_one_reminder_and_no_stop(
     expected[at] = {**messages[at], "content": [*messages[at]["content"], {"type": "text", "text": text}]}
     assert reached == expected
     assert got == fake.answers[0]
+
+
+NOTHING = {"command": "sleep 0 && echo still waiting", "description": "Wait"}
+
+
+def sleeps_of_nothing(n: int) -> list[dict[str, Any]]:
+    """A Claude Code request's messages: the prompt, then ``n`` steps of ``sleep 0 && echo still
+    waiting`` answered the same every time (no time passes)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Wait for the build."}]
+    for i in range(n):
+        tid = f"toolu_{i:03d}"
+        use = {"type": "tool_use", "id": tid, "name": "Bash", "input": NOTHING}
+        messages.append({"role": "assistant", "content": [use]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": tid, "content": "still waiting"}],
+            }
+        )
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("wire", ["messages", "chat"])
+async def test_a_sleep_that_waits_for_nothing_is_an_ordinary_repeat(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, wire: str, stream: bool
+) -> None:
+    """Before: ``sleep 0 && echo still waiting`` counted as waiting, so 320 of them in a row got no
+    reminder, no withheld result, no cap (the wait reminder counts waited time, and none passed).
+    Now it is the same command with the same result: reminded at the 3rd, 5th and 8th, its 6th
+    (the escalation ladder), 7th and 8th (the circuit breaker too) results withheld, and the
+    model's next one stopped."""
+    if wire == "messages":
+        fake = FakeMessages(lambda n, body: [tool_use("Bash", NOTHING)])
+        upstream.handler = fake.handle
+        path = "/v1/messages"
+        body: dict[str, Any] = {"model": "claude", "max_tokens": 1000, "messages": sleeps_of_nothing(8)}
+    else:
+        upstream.handler = scripted_model(lambda n: [tool_call("bash", json.dumps(NOTHING), f"c{n}")])
+        path = "/v1/chat/completions"
+        messages = repeated_call_messages(8, "bash", json.dumps(NOTHING), "still waiting")
+        body = {"model": "m", "messages": messages}
+    body["stream"] = stream
+    base = await make_proxy()
+    got = await post(f"{base}{path}", body)
+    sent = upstream.requests[0].body
+    assert sent.count(b"[loopguard]") == 3 + 3  # three reminders, three withheld results
+    assert sent.count(b'"still waiting"') == 8 - 3  # the results kept as they were
+    assert b"[loopguard] Stopped" in got

@@ -43,6 +43,34 @@ def call(name: str, args: dict[str, Any]) -> Part:
     return {"functionCall": {"name": name, "args": args}}
 
 
+def fragments(name: str, path: str, pieces: list[str], end: bool = True) -> list[Part]:
+    """One call as Vertex AI streams it: the name first, then one ``partialArgs`` string fragment
+    per piece (all but the last say the string goes on), then an empty ``functionCall`` ends it."""
+    parts: list[Part] = [{"functionCall": {"name": name, "willContinue": True}}]
+    for i, piece in enumerate(pieces):
+        more = i < len(pieces) - 1
+        arg: dict[str, Any] = {"jsonPath": path, "stringValue": piece}
+        if more:
+            arg["willContinue"] = True
+        parts.append({"functionCall": {"partialArgs": [arg], "willContinue": True}})
+    if end:
+        parts.append({"functionCall": {}})
+    return parts
+
+
+#: one write_file call in 40 fragments: its name, its path, 37 pieces of content, the end
+WRITE_40 = [
+    {"functionCall": {"name": "write_file", "willContinue": True}},
+    {
+        "functionCall": {
+            "partialArgs": [{"jsonPath": "$.path", "stringValue": "app.py"}],
+            "willContinue": True,
+        }
+    },
+    *fragments("write_file", "$.content", [f"line {i}\n" for i in range(37)], end=True)[1:],
+]
+
+
 def _usage(raw: bytes, parts: list[Part]) -> dict[str, int]:
     prompt, out = max(1, len(raw) // 4), max(1, len(orjson.dumps(parts)) // 4)
     return {"promptTokenCount": prompt, "candidatesTokenCount": out, "totalTokenCount": prompt + out}

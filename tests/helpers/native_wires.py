@@ -1,10 +1,12 @@
-"""Native sessions on their own wire: a recorded Anthropic Messages or OpenAI Responses body
-replayed turn by turn, and read back as chat messages for the corpus reading.
+"""Native sessions on their own wire: a recorded Anthropic Messages, OpenAI Responses, Gemini API
+or Chat Completions body replayed turn by turn, and read back as chat messages for the corpus
+reading.
 
-The sessions (``../shared/fixtures/realtraj-native``, see its README) hold bodies as Claude Code
-and Codex send them. :func:`as_chat` gives a body's conversation as chat messages (the form
-:func:`tests.helpers.corpus.request_changes` and :mod:`tests.helpers.reminder_facts` read), mirroring how the
-proxy's dialects read it:
+The sessions (``../shared/fixtures/realtraj-native`` and ``realtraj-native-more``, see their
+READMEs) hold bodies as Claude Code, Codex, Gemini CLI and OpenCode send them.
+:data:`NATIVE_HISTORY` gives, per dialect, the body member holding the conversation and the
+function that reads it as chat messages (the form :func:`tests.helpers.corpus.request_changes` and
+:mod:`tests.helpers.reminder_facts` read), mirroring how the proxy's dialects read it:
 
 - Messages (:mod:`proxy.dialects.anthropic_messages`): an assistant message is one chat assistant
   message (``text`` blocks joined by newlines; ``tool_use`` blocks its ``tool_calls``, the
@@ -17,17 +19,27 @@ proxy's dialects read it:
   (the messages' text joined by newlines, the calls its ``tool_calls``: a ``custom_tool_call``'s
   raw ``input`` is its arguments); a ``function_call_output`` / ``custom_tool_call_output`` a
   ``tool`` message; a ``message`` of another role one of that role; any other item
-  (``web_search_call``, …) nothing.
+  (``web_search_call``, …) nothing;
+- Gemini (:mod:`proxy.dialects.gemini`, :func:`trace_contents`): one chat message per slot of the
+  dialect: a ``model`` content an assistant message (its text parts but thoughts joined by
+  newlines, its ``functionCall`` parts the calls, ``args`` as JSON), a ``user`` content one
+  ``tool`` message per ``functionResponse`` part (paired with a call as the dialect pairs it; a
+  ``response`` with ``error`` and no ``output`` kept as ``"is_error": true``), then a ``user``
+  message for its own part; another role a ``system`` message;
+- Chat Completions (:func:`trace_chat`): the messages as they are.
 
-The wires (:class:`MessagesNative`, :class:`ResponsesNative`) are :class:`tests.helpers.corpus.ChatWire`
-subclasses for :func:`tests.helpers.corpus.replay`: request *i* (chat assistant message *i*) is the body
-cut just before that turn (Responses with ``store: false``, as Codex sends it), the answer is the
-turn as recorded (:func:`tests.helpers.fake_messages.message_object` /
+The wires (:class:`MessagesNative`, :class:`ResponsesNative`, :class:`GeminiNative`,
+:class:`ChatNative`, by dialect in :data:`NATIVE_WIRES`) are :class:`tests.helpers.corpus.ChatWire`
+subclasses for :func:`tests.helpers.corpus.replay`: request *i* (chat assistant message *i*) is the
+body cut just before that turn (Responses with ``store: false``, as Codex sends it; Gemini posted
+to ``/v1beta/models/<model>:generateContent`` or ``:streamGenerateContent?alt=sse``, the model in
+the path), the answer is the turn as recorded (:func:`tests.helpers.fake_messages.message_object` /
 :func:`tests.helpers.fake_messages.sse_events`, :func:`tests.helpers.fake_responses.response_object` /
-:func:`tests.helpers.fake_responses.sse_events`), and what
+:func:`tests.helpers.fake_responses.sse_events`, :func:`tests.helpers.gemini_contents.answer_object` /
+:func:`tests.helpers.gemini_contents.answer_events`, the corpus's chat completion), and what
 reached the upstream is read back unit by unit (a ``tool_result`` block, a user's own part, an
-item): unchanged, the chat message it came from; changed, that message with the new text; not
-sent (a reminder), a user message with its text.
+item, a ``functionResponse`` part, a message): unchanged, the chat message it came from; changed,
+that message with the new text; not sent (a reminder), a user message with its text.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_check_config_accepts_the_config_the_compose_file_mounts() -> None:
     assert "./config:/etc/loopguard:ro" in volumes
     assert target == "/etc/loopguard/loopguard.yaml"
     run = subprocess.run(
-        [sys.executable, "-m", "proxy", "check-config", str(path)],
+        [sys.executable, "-m", "proxy", "check-config", str(path), "--print"],
         cwd=ROOT,
         capture_output=True,
         text=True,

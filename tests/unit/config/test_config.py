@@ -258,6 +258,25 @@ def test_unknown_key_named_by_dotted_path(data: dict[str, Any], key: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        pytest.param({"listen": {"prot": 1}}, "listen.prot: unknown key (did you mean 'port'?)", id="listen"),
+        pytest.param({"upstrem": {}}, "upstrem: unknown key (did you mean 'upstream'?)", id="top_level"),
+        pytest.param(
+            rr({"thresholds": [3], "inject_ass": "user"}),
+            f"{RR}.inject_ass: unknown key (did you mean 'inject_as'?)",
+            id="nested",
+        ),
+        pytest.param({"guards": {"zzz": {}}}, "guards.zzz: unknown key", id="nothing_close"),
+    ],
+)
+def test_unknown_key_suggests_the_nearest_known_key(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        build(Config, data)
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize(
     ("data", "key"),
     [
         pytest.param({"listen": [1]}, "listen", id="listen_list"),
@@ -358,9 +377,10 @@ def test_check_config_prints_effective_config_as_yaml(
     path = write(
         tmp_path, "guards:\n  repeat_reminder:\n    thresholds: [4, 2]\n    inject_as: tool_suffix\n"
     )
-    assert main(["check-config", str(path)]) == 0
-    out = capsys.readouterr().out
-    printed = yaml.safe_load(out)
+    assert main(["check-config", str(path), "--print"]) == 0
+    captured = capsys.readouterr()
+    printed = yaml.safe_load(captured.out)
+    assert captured.err.startswith(f"loopguard: {path} is valid: every key is known")
     assert printed == to_plain(load_config(path))
     assert printed["guards"]["repeat_reminder"]["thresholds"] == [2, 4]
     assert printed["guards"]["repeat_reminder"]["inject_as"] == "tool_suffix"

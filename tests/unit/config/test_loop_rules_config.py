@@ -64,7 +64,7 @@ def test_each_rule_can_be_turned_off(rule: str) -> None:
         ("recurrence", {"occurrences": 1}, "occurrences", "must be an integer >= 2"),
         ("recurrence", {"window": 2}, "window", "must be >= occurrences (3), got 2"),
         ("recurrence", {"occurrences": "3"}, "occurrences", "must be an integer, got '3'"),
-        ("recurrence", {"windows": 20}, "windows", "unknown key"),
+        ("recurrence", {"windows": 20}, "windows", "unknown key (did you mean 'window'?)"),
         ("cycles", {"min_period": 1}, "min_period", "must be an integer >= 2"),
         ("cycles", {"max_period": 1}, "max_period", "must be >= min_period (2)"),
         ("cycles", {"max_period": 21}, "max_period", "must be <= 20"),

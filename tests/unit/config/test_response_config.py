@@ -12,10 +12,17 @@ from proxy.errors import ConfigError
 
 def test_defaults_match_the_issue() -> None:
     plain = to_plain(Config())
-    assert plain["stop"] == {"after_ignored_denials": 2, "on_cap": True, "message": "", "mode": "enforce"}
+    assert plain["stop"] == {
+        "after_ignored_denials": 2,
+        "on_cap": True,
+        "message": "",
+        "deliver": "answer",
+        "mode": "enforce",
+    }
     assert plain["response"] == {
         "max_calls_per_response": 32,
         "max_identical_per_response": 2,
+        "max_identical_reads_per_response": 4,
         "degenerate_text": {"enabled": True, "min_repeats": 10, "min_chars": 200, "max_period": 500},
         "repair_text_tool_calls": True,
         "mode": "enforce",
@@ -35,6 +42,7 @@ def test_defaults_match_the_issue() -> None:
         ({"response": {"max_calls_per_response": -1}}, "response.max_calls_per_response"),
         ({"response": {"max_identical_per_response": -2}}, "response.max_identical_per_response"),
         ({"response": {"max_identical_per_response": "4"}}, "response.max_identical_per_response"),
+        ({"response": {"max_identical_reads_per_response": -1}}, "response.max_identical_reads_per_response"),
         ({"response": {"degenerate_text": {"min_repeats": 1}}}, "response.degenerate_text.min_repeats"),
         ({"response": {"degenerate_text": {"min_chars": 0}}}, "response.degenerate_text.min_chars"),
         ({"response": {"degenerate_text": {"max_period": 0}}}, "response.degenerate_text.max_period"),
@@ -53,7 +61,13 @@ def test_bad_values_name_the_key(data: dict[str, Any], key: str) -> None:
     [
         {"stop": {"after_ignored_denials": 0, "on_cap": False}},
         {"stop": {"message": "Stopped {tool} ({kind}): {count} calls, {denials} ignored, limit {limit}."}},
-        {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}},
+        {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
+            }
+        },
         {"response": {"degenerate_text": {"enabled": False}}},
     ],
 )

@@ -95,8 +95,16 @@ def test_valid_settings_are_kept() -> None:
             "guards.turn_guard.failure_patterns[2]",
             "is rejected: it matches an empty result, so every result would be a failure",
         ),
-        ({"max_same_targets": 6}, "guards.turn_guard.max_same_targets", "unknown key"),
-        ({"narrate_after_s": 180}, "guards.turn_guard.narrate_after_s", "unknown key"),
+        (
+            {"max_same_targets": 6},
+            "guards.turn_guard.max_same_targets",
+            "unknown key (did you mean 'max_same_target'?)",
+        ),
+        (
+            {"narrate_after_s": 180},
+            "guards.turn_guard.narrate_after_s",
+            "unknown key (did you mean 'narrate_after_ms'?)",
+        ),
     ],
 )
 def test_invalid_settings_name_the_key(settings: dict[str, Any], key: str, message: str) -> None:

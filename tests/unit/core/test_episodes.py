@@ -27,6 +27,10 @@ COMPACTION = (
     "This session is being continued from a previous conversation that ran out of context. The "
     "conversation is summarized below:\nAnalysis: the user asked to fix the failing import in app.py."
 )
+SUMMARY = "Here is a summary of the conversation so far:\n1. The user asked to fix app.py."
+CONTEXT = "[Context compacted]\nThe user asked to fix app.py; the tests pass."
+HANDOFF = "Another language model started to solve this problem and produced a summary of its work:\n- a"
+HARNESS_OPENING = "[ERROR] You did not use a tool in your previous response!"
 HARNESS = (
     "Tool call error:\n\n<error>\nError parsing tool call arguments: Expecting ':' delimiter\n</error>\n\n"
     "Here is general guidance on how to submit correct toolcalls."
@@ -54,10 +58,52 @@ HARNESS = (
         ("Conversation summary feature is broken, fix it", False),
         ("Summary of the conversation so far: you fixed the parser.", True),
         ("[Context compacted] The user asked to fix app.py.", True),
+        # the whole text must match, not its start (re.fullmatch)
+        ("Please use a tool to check config.yaml once more, I just fixed it.", False),
+        ("Please use a tool.", True),
+        ("Please call one of the tools.", True),
+        ("continue with the tests in tests/api", False),
+        ("No", True),
+        ("Tool call error", True),
+        ("Tool call error: the path in config.yaml is wrong, fix that first", False),
+        ("Tool call error:\nNo tool calls found in the response.", True),
+        ("[Context summary]\nThe user asked to fix app.py.\nFiles: app.py, config.yaml", True),
+        ("Context summary:\n" + "- step\n" * 200, True),
+        (COMPACTION + "\n" + "The user then asked for tests.\n" * 500, True),
+        ("Another language model started to solve this problem and produced a summary:\n- a\n- b", True),
     ],
 )
 def test_which_user_messages_continue_the_work(text: str, continuation: bool) -> None:
     assert ContinuationRule()(text) is continuation
+
+
+@pytest.mark.parametrize("pattern", ContinuationRule().patterns)
+def test_a_default_pattern_matches_no_request_that_only_starts_like_it(pattern: str) -> None:
+    """Every default pattern, as fullmatch reads it: what it is for matches whole, and the same
+    opening followed by a request of the user's own does not (for the short replies and the bare
+    harness requests), while a compaction summary's pattern takes the long summary after it."""
+    rule = ContinuationRule((pattern,))
+    matched = [t for t in CONTINUATIONS if rule(t)]
+    assert matched, pattern  # each pattern is for something
+    # the texts whose opening is a harness's or a summary's own: what follows it is theirs too
+    openings = {COMPACTION, SUMMARY, CONTEXT, HANDOFF, HARNESS_OPENING}
+    for text in matched:
+        extended = text + " Then also rename config.yaml to settings.yaml and run the tests."
+        assert rule(extended) is (text in openings), (pattern, text)
+
+
+#: one text each default pattern is for
+CONTINUATIONS = (
+    "continue",
+    "ok, keep going.",
+    COMPACTION,
+    SUMMARY,
+    CONTEXT,
+    HANDOFF,
+    "Tool call error",
+    HARNESS_OPENING,
+    "Please use a tool.",
+)
 
 
 def test_episode_numbers_skip_continuations() -> None:

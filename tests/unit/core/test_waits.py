@@ -147,6 +147,30 @@ def call(
         pytest.param(
             "exec_command", {"cmd": "git status"}, codex(0.1, "0", "clean"), False, None, 100, id="a_command"
         ),
+        # a wait exempts a call only while time passes: a sleep that waits for nothing is a command
+        pytest.param(
+            "Bash",
+            {"command": "sleep 0 && echo still waiting"},
+            "still waiting",
+            False,
+            None,
+            0,
+            id="sleep_0_waits_for_nothing",
+        ),
+        pytest.param(
+            "Bash", {"command": "sleep 0"}, None, False, None, 0, id="sleep_0_pending_waits_for_nothing"
+        ),
+        pytest.param("Bash", {"command": "sleep 0.5; echo x"}, "x", False, None, 500, id="sub_second_sleep"),
+        pytest.param("Bash", {"command": "sleep 1 && echo x"}, "x", True, None, 1000, id="one_second_sleep"),
+        pytest.param(
+            "exec_command",
+            {"cmd": "sleep 30 && echo done"},
+            codex(0.002, "0", "done"),
+            False,
+            None,
+            2,
+            id="codex_sleep_whose_wall_time_says_it_did_not_wait",
+        ),
     ],
 )
 def test_what_waits(name: str, args: Any, text: str | None, wait: bool, process: str | None, ms: int) -> None:

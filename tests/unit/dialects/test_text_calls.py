@@ -985,7 +985,16 @@ def test_prose_about_the_formats_under_the_shipped_defaults_takes_no_action() ->
 
 
 def test_sse_with_runaway_limits_off_text_calls_are_not_read_as_they_stream() -> None:
-    cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}})
+    cfg = build(
+        Config,
+        {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
+            }
+        },
+    )
     raw = content_stream(*[HERMES] * 4)
     guard = StreamGuard(cfg, None, REPAIR)
     out = guard.feed(raw).data + guard.finish()

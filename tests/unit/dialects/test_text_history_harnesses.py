@@ -228,7 +228,7 @@ def fenced_messages(
     "result",
     [
         "<returncode>0</returncode>\n<output>\nhello\n</output>",
-        "Observation: hello",
+        "<exception>timeout</exception>\n<returncode>-1</returncode>\n<warning>\nThe output was too long.",
         "OBSERVATION:\nhello",
         "hello\n(Open file: /repo/app.py)\n(Current directory: /repo)\nbash-$",
     ],
@@ -240,6 +240,42 @@ def test_fenced_actions_answered_by_results_are_calls(result: str) -> None:
     ]
     assert t.user_positions == (0,)
     assert [s.text for s in t.said if s.role == "assistant"] == ["Try 0.", "Try 1.", "Try 2."]
+
+
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [
+        ("<returncode>0</returncode>\n<output>\nhello\n</output>", "returncode"),
+        (
+            "<returncode>2</returncode>\r\n<warning>\nThe output of your last command was too long.",
+            "returncode",
+        ),
+        ("OBSERVATION:\nhello", "observation"),
+        ("OBSERVATION:", "observation"),
+        ("x\n(Open file: n/a)\n(Current directory: /repo)\nbash-$", "prompt"),
+        # a person's words: ReAct-style notes, a return code quoted in prose
+        ("Observation: it printed nothing.", None),
+        ("Observation:\nit printed nothing.", None),
+        ("OBSERVATION: it printed nothing.", None),
+        ("<returncode>0</returncode> is what I got, what next?", None),
+        ("<returncode>0</returncode>\nREADME.md", None),
+    ],
+)
+def test_only_a_harness_template_is_a_result_shape(text: str, shape: str | None) -> None:
+    assert text_actions.action_result(text) == shape
+
+
+def test_a_persons_react_notes_after_the_same_code_sample_are_never_calls() -> None:
+    """A person who answers each fenced sample with an ``Observation:`` note: no call is read, so
+    no reminder and no withheld message, and the bytes pass untouched."""
+    msgs = fenced_messages(8, "Observation: it printed nothing, same as before.")
+    t = openai_chat.parse_request({"messages": msgs})
+    assert (t.calls, t.user_positions) == ((), tuple(range(0, 17, 2)))
+    cfg = Config()
+    rt = build_runtime(cfg)
+    raw = orjson.dumps({"model": "m", "messages": msgs})
+    d = decide_request(raw, {}, rt.guards, cfg.conversation_key.headers)
+    assert d.body is raw and d.actions == ()
 
 
 CHAT_WITH_CODE = [

@@ -105,6 +105,7 @@ def test_the_next_identical_call_ends_the_turn_with_the_ladder_text() -> None:
         count=2,
         limit=2,
         reason="escalation",
+        evidence=(("ignored_reminders", 2), ("after_reminders", 2), ("withheld_in_turn", 1)),
     )
     assert stop.text == (
         "[loopguard] Stopped: the model kept calling read_file after 2 reminders and a withheld result "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -9,7 +10,8 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.config import Config
-from proxy.request.conversation import conversation_key, key_digest
+from proxy.dialects import jsonbody
+from proxy.request.conversation import conversation_key, conversation_keys, key_digest
 
 NAMES = Config().conversation_key.headers  # x-session-id, session_id, conversation_id
 
@@ -111,6 +113,40 @@ def test_fingerprint_stable_as_conversation_grows_after_first_tool_call() -> Non
     ]
     keys.add(fp(body(grown)))
     assert len(keys) == 1
+
+
+def test_every_request_after_the_first_call_names_the_key_of_the_opening_as_opened_as() -> None:
+    opening = conversation_keys(CIMultiDict(), body(history(steps=0)), NAMES)
+    assert opening == (fp(body(history(steps=0))), None)
+    later = {conversation_keys(CIMultiDict(), body(history(steps=n)), NAMES) for n in range(1, 5)}
+    assert later == {(fp(body(history(steps=1))), opening[0])}
+    assert opening[0] != fp(body(history(steps=1)))  # two runs of one task part at their first call
+    given = conversation_keys(CIMultiDict({"x-session-id": "s"}), body(history(steps=2)), NAMES)
+    assert given == (key_digest("s"), None)  # a given key is the same from the first request
+
+
+@pytest.mark.parametrize(
+    ("system", "user", "call_id"),
+    [
+        pytest.param("x" * 60_000, "y" * 4_000, "call_1", id="a_long_opening"),
+        pytest.param("s", "a lone \ud800 surrogate", "c", id="ascii_escaped_list"),
+        pytest.param(None, "u", "call_é✓", id="no_system_non_ascii_id"),
+    ],
+)
+def test_both_keys_are_the_sha256_of_the_compact_json_of_their_parts(
+    system: str | None, user: str, call_id: str
+) -> None:
+    """One serialization and one hash pass give what hashing each list whole gives (DESIGN §4)."""
+    msgs = history(user, system, steps=0)
+    msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function"}]})
+
+    def digest(parts: list[Any]) -> str:
+        return f"fp-{hashlib.sha256(jsonbody.dumps(parts, default=str)).hexdigest()[:16]}"
+
+    assert conversation_keys(CIMultiDict(), body(msgs), NAMES) == (
+        digest([system, user, call_id]),
+        digest([system, user, None]),
+    )
 
 
 def test_fingerprint_same_for_identical_body_ignoring_other_fields() -> None:

@@ -312,7 +312,10 @@ def test_a_kept_entry_counts_its_edits_and_drops_them_past_the_budget() -> None:
     )
     head = len(entry.head) + sum(len(orjson.dumps(item)) for item in entry.key_items)
     guards = prefix_cache.checkpoint_size(entry.checkpoint, len(entry.fold.calls))
-    assert entry.size == history + head + guards + entry.edits.size
+    # a view of the body: the rest of it is kept too, and counted
+    assert isinstance(entry.items, memoryview)
+    viewed = len(raw) - len(entry.items)
+    assert entry.size == history + head + viewed + guards + entry.edits.size
     tight = PrefixCache(entry.size - entry.edits.size)  # room for the history, not its edits
     _decide(raw, openai_chat, tight)
     kept = tight.get(openai_chat.PATH_SUFFIX, key_digest("s1"))

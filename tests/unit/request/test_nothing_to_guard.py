@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects import Dialect, anthropic_messages, openai_chat, openai_responses
+from proxy.dialects import Dialect, anthropic_messages, gemini, openai_chat, openai_responses
 from proxy.guards import Context
 from proxy.request.plain import nothing_to_guard
 from proxy.request.prefix_cache import PrefixCache
@@ -176,9 +176,16 @@ def _fixture_bodies() -> list[tuple[str, bytes, Dialect]]:
             out += [(f"{name}/{wire}", b, openai_chat) for b in text_requests(messages, None, 4, wire)]  # type: ignore[misc]
         out += [(name, b, openai_responses) for b in responses_requests(messages, 4)]  # type: ignore[misc]
         out += [(name, b, anthropic_messages) for b in messages_requests(messages, 4)]  # type: ignore[misc]
-    for session in realtraj_native.load_sessions():
-        dialect = anthropic_messages if session["dialect"] == "anthropic_messages" else openai_responses
-        out.append((f"native/{session['id']}", _dump(session["request_bodies_final"]), dialect))  # type: ignore[arg-type]
+    native = {
+        "anthropic_messages": anthropic_messages,
+        "openai_responses": openai_responses,
+        "gemini_generate_content": gemini,
+        "openai_chat": openai_chat,
+    }
+    for _, where in realtraj_native.sessions_dirs():
+        for session in realtraj_native.load_sessions(where):
+            dialect = native[session["dialect"]]
+            out.append((f"native/{session['id']}", _dump(session["request_bodies_final"]), dialect))  # type: ignore[arg-type]
     return out
 
 
@@ -187,7 +194,7 @@ def test_no_fixture_body_with_a_call_or_tools_is_said_to_have_nothing_to_guard()
     ``tools``, the three text-call forms, Responses, Messages, the native sessions): a body whose
     read has a call or offered tools is always guarded; the few that are plain read the same both
     ways (and have neither)."""
-    for where in (realtraj.runs_dir(), realtraj_native.sessions_dir()):
+    for where in (realtraj.runs_dir(), *(d for _, d in realtraj_native.sessions_dirs())):
         if not where.is_dir():
             pytest.skip(f"recorded runs not found at {where} (the counts below are over them)")
     bodies = _fixture_bodies()
@@ -201,8 +208,9 @@ def test_no_fixture_body_with_a_call_or_tools_is_said_to_have_nothing_to_guard()
         assert full.transcript is not None and not full.transcript.calls and not full.transcript.tools, name
         _same(decide_plain(raw, HEADERS, NAMES, dialect), full)
     # 36 plain: the first request (system + user, no ``tools``) of loop fixtures read without
-    # their tools; every other body is guarded, and each of them has a call or tools
-    assert (len(bodies), guarded, plain) == (1607, 1571, 36)
+    # their tools; every other body is guarded (the 29 native sessions of both folders, in their four
+    # dialects, included), and each of them has a call or tools
+    assert (len(bodies), guarded, plain) == (1619, 1583, 36)
 
 
 def test_plain_request_gets_a_judge_only_when_an_answer_has_calls() -> None:

@@ -17,8 +17,10 @@ read against them) decides as without the cache too.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
+import tracemalloc
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from hypothesis import strategies as st
 
 from proxy.config import Config, build
 from proxy.core.effects import progress_rules
-from proxy.dialects import Dialect, anthropic_messages, edits, openai_chat, openai_responses
+from proxy.dialects import Dialect, anthropic_messages, edits, jsonbody, openai_chat, openai_responses
 from proxy.errors import ConfigError
 from proxy.guards import Guard, build_guards
 from proxy.request import prefix_cache
@@ -345,8 +347,11 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
     assert entry.items == b'[ {"role":"user","content":"go"} ,{"role":"user","content":"x"}'
     assert entry.spans == ((2, 32), (34, 63))
     # no call: the bytes twice, two items, no tools (``null``, 8 times), the head and the first
-    # user message (its JSON)
-    assert entry.size == 2 * 63 + 2 * 384 + 8 * len(b"null") + 26 + len(b'{"role":"user","content":"go"}')
+    # user message (its JSON), and the body's other 29 bytes (its items are a view of it)
+    assert isinstance(entry.items, memoryview)
+    assert len(raw) - 63 == 29
+    first = len(b'{"role":"user","content":"go"}')
+    assert entry.size == 2 * 63 + 2 * 384 + 8 * len(b"null") + 26 + first + 29
     assert cache.snapshot() == {
         "hits": 0,
         "misses": 1,
@@ -357,6 +362,51 @@ def test_the_kept_entry_holds_the_history_bytes_and_spans_from_its_bracket() -> 
         "edit_hits": 0,
         "max_bytes": 1 << 20,
     }
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("extra", "view"),
+    [
+        ({}, True),  # nothing but the history: a view of the body, its few other bytes counted
+        ({"metadata": {"note": "m" * MIB}}, False),  # 1 MiB after the history: the history copied
+        ({"system": "s" * MIB}, False),  # a Messages-style system prompt after it
+        ({"prompt_cache_key": "k" * MIB}, False),  # a 1 MiB key after it (the key is kept hashed)
+    ],
+    ids=["history-only", "metadata-after", "system-after", "cache-key-after"],
+)
+def test_an_entry_keeps_only_what_it_counts(extra: dict[str, Any], view: bool) -> None:
+    # a history of a few KiB: what the entry keeps of the body is its history, or, as a view,
+    # the whole body, and then the whole body is counted
+    history = [{"role": "user", "content": "go " * 1000}, *STEP, *STEP]
+    tracemalloc.start()
+    try:
+        raw = jsonbody.kept(_chat(history, **extra))  # its own size, as the server reads a body
+        found = _read(raw)
+        entry = found.entry
+        assert entry is not None
+        start = raw.index(b"[")
+        end = start + len(orjson.dumps(history)) - 1  # through its last item, not the "]"
+        assert bytes(entry.items) == raw[start:end]
+        assert isinstance(entry.items, memoryview) is view
+        # the fingerprint's items: the first user message and the first call's message
+        first = len(orjson.dumps(history[0])) + len(orjson.dumps(history[1]))
+        counted = prefix_cache.entry_size(end - start, 2, 5, len(b"null")) + start + first
+        assert entry.size == counted + (len(raw) - (end - start) if view else 0)
+        size = entry.size
+        # what it holds once its request is gone: no more than it counts
+        del raw, found
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        del entry
+        gc.collect()
+        held = before - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert size < 64 * 1024 or view  # a few KiB of history, whatever follows it
+    assert 0 < held <= size
 
 
 def _entry(size: int) -> Prefix:
@@ -451,6 +501,25 @@ async def test_the_server_resumes_each_request_and_counts_it_in_stats_and_metric
     assert "loopguard_prefix_cache_edit_hits_total 1.0" in text
     assert "prefix_cache" not in snapshot_off
     assert "loopguard_prefix_cache" not in text_off
+
+
+async def test_the_server_counts_a_conversation_with_a_mib_of_metadata_as_its_history(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    # 1 MiB of metadata after a small looping history: the server keeps the history, not the
+    # body, and counts exactly what a read of the same body keeps
+    base = await make_proxy()
+    raw = _chat([*BASE, *STEP, *STEP], metadata={"note": "m" * MIB})
+    async with aiohttp.ClientSession() as http:
+        headers = {"content-type": "application/json"}
+        async with http.post(f"{base}/v1/chat/completions", data=raw, headers=headers) as r:
+            assert r.status == 200
+        async with http.get(f"{base}/loop-guard") as r:
+            kept = (await r.json())["prefix_cache"]
+    local = PrefixCache(1 << 30)
+    _decide(raw, openai_chat, local)
+    assert kept["entries"] == local.stats.entries == 1
+    assert kept["bytes"] == local.stats.bytes < 64 * 1024
 
 
 @pytest.mark.parametrize(("value", "ok"), [(0, True), (0.5, True), (128, True), (-1, False)])

@@ -37,7 +37,7 @@ CHAT = [
     ("request/prefix_cache.py", "candidates"),  # found by bytes: a look-up only
     ("request/locate.py", "locate"),
     ("request/locate.py", "key_body"),
-    ("request/conversation.py", "conversation_key"),
+    ("request/conversation.py", "conversation_keys"),
     ("request/rewrite.py", "_kept"),  # the conversation's kept prefix: a look-up only
     ("request/read.py", "read"),
     ("guards/resume.py", "evaluate_resumed"),
@@ -51,7 +51,7 @@ RESPONSES_CHAINED = [
     ("request/chain.py", "reads_whole"),
     ("request/locate.py", "locate"),
     ("request/chain.py", "link"),
-    ("request/conversation.py", "conversation_key"),
+    ("request/conversation.py", "conversation_keys"),
     ("request/rewrite.py", "_kept"),
     ("request/read.py", "read"),
     ("request/chain.py", "chain"),

@@ -27,6 +27,7 @@ from proxy.request.response_store import (
     chain_of,
     entry_of,
     repair_items,
+    store_key,
 )
 from proxy.request.rewrite import decide_request
 from proxy.response.decide import StopJudge
@@ -491,3 +492,35 @@ def test_chain_history_is_a_request_body_of_the_whole_chain() -> None:
     chain = Chain((b'[{"a":1}]', b"[]", b'[{"b":2},{"c":3}]'), 3, 0, "resp_1", True)
     assert orjson.loads(chain.history()) == {"input": [{"a": 1}, {"b": 2}, {"c": 3}]}
     assert orjson.loads(Chain().history()) == {"input": []}
+
+
+# --- the key: one credential's responses, wherever the credential is -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        pytest.param(({"authorization": "Bearer a"}, ""), ({"authorization": "Bearer b"}, ""), id="bearer"),
+        pytest.param(({"x-goog-api-key": "a"}, ""), ({"x-goog-api-key": "b"}, ""), id="google_header"),
+        pytest.param(
+            ({"ocp-apim-subscription-key": "a"}, ""),
+            ({"ocp-apim-subscription-key": "b"}, ""),
+            id="apim_header",
+        ),
+        pytest.param(({"cookie": "s=a"}, ""), ({"cookie": "s=b"}, ""), id="cookie"),
+        pytest.param(({}, "api-key=a"), ({}, "api-key=b"), id="query_api_key"),
+        pytest.param(({}, "key=a"), ({}, ""), id="query_key_or_none"),
+        pytest.param(({"api-key": "x"}, ""), ({}, "api-key=x"), id="same_value_header_or_query"),
+        pytest.param(({"authorization": "k"}, "q"), ({"authorization": "kq"}, ""), id="length_prefixed"),
+    ],
+)
+def test_another_credential_in_a_header_or_the_query_gives_another_key(
+    a: tuple[dict[str, str], str], b: tuple[dict[str, str], str]
+) -> None:
+    assert store_key(a[0], "resp_1", a[1]) != store_key(b[0], "resp_1", b[1])
+    assert store_key(a[0], "resp_1", a[1]) == store_key(dict(a[0]), "resp_1", a[1])
+
+
+def test_the_key_is_a_fixed_size_digest_without_the_credential() -> None:
+    key = store_key({"authorization": "Bearer sk-secret"}, "resp_1", "key=AIza-secret")
+    assert len(key) == 34 and key.startswith("r-") and "secret" not in key

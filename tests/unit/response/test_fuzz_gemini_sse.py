@@ -45,6 +45,7 @@ OFF = build(
         "response": {
             "max_calls_per_response": 0,
             "max_identical_per_response": 0,
+            "max_identical_reads_per_response": 0,
             "degenerate_text": {"enabled": False},
         }
     },

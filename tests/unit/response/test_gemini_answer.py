@@ -1,6 +1,6 @@
 """The Gemini API answer side: stop, runaway and degenerate cuts on ``alt=sse`` events and on a JSON
 ``GenerateContentResponse``, no sockets; then the wiring through the real server (``alt=sse``
-stopped, the JSON-array stream relayed unread, a stream cut by the upstream)."""
+stopped, the JSON-array stream read and stopped, a stream cut by the upstream)."""
 
 from __future__ import annotations
 
@@ -257,6 +257,9 @@ TWO = (
 )
 
 
+INDEX_1 = b'data: {"candidates":[{"content":{"parts":[]},"index":1}]}\r\n\r\n'
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -265,7 +268,7 @@ TWO = (
         ),
         pytest.param(b"data: {not json\r\n\r\n", id="not_json"),
         pytest.param(TWO, id="two_candidates"),
-        pytest.param(b'data: {"candidates":[{"content":{"parts":[]},"index":1}]}\r\n\r\n', id="index_1"),
+        pytest.param(INDEX_1, id="index_1"),
         pytest.param(b'data: {"candidates":[{"content":{"parts":{}}}]}\r\n\r\n', id="parts_not_a_list"),
     ],
 )
@@ -273,6 +276,8 @@ def test_events_outside_the_grammar_release_everything_unchanged(bad: bytes) -> 
     events = [event([{"text": "Hi."}]), event([LOOP]), bad, event([], "STOP")]
     out, guard, aborted = run(events, Judge(STOP))
     assert (out, aborted, guard.actions, guard.complete) == (b"".join(events), False, [], True)
+    # an answer with another candidate is one the agent may act on: counted as unread
+    assert guard.unread == ("candidates" if bad in (TWO, INDEX_1) else None)
 
 
 def test_an_event_without_candidates_passes_as_it_is() -> None:
@@ -399,11 +404,12 @@ async def test_a_looping_sse_answer_is_stopped_through_the_server(
     assert b"functionCall" not in got
 
 
-async def test_the_json_array_stream_is_relayed_unread(
+async def test_the_json_array_stream_is_read_and_stopped(
     upstream: FakeUpstream, make_proxy: ProxyFactory
 ) -> None:
-    """``:streamGenerateContent`` without ``alt=sse``: the request is guarded, the answer (one JSON
-    array that streams) reaches the agent as it came, unstopped."""
+    """``:streamGenerateContent`` without ``alt=sse``: the answer (one JSON array that streams) is
+    read element by element as the SSE form is: the looping call is stopped, and the agent gets
+    one valid array (before: relayed unread and uncounted)."""
     array = b"[" + b",\r\n".join(e.removeprefix(b"data: ").strip() for e in answer(LOOP)) + b"]"
 
     async def handler(request: web.Request, body: bytes) -> web.StreamResponse:
@@ -412,8 +418,11 @@ async def test_the_json_array_stream_is_relayed_unread(
     upstream.handler = handler
     base = await make_proxy()
     status, _, got = await post(base, "/v1beta/models/g:streamGenerateContent", LOOPING)
-    assert (status, got) == (200, array)
-    assert b"[loopguard]" in upstream.requests[0].body  # the request side acted
+    assert status == 200 and b"[loopguard]" in upstream.requests[0].body  # the request side acted
+    elements = orjson.loads(got)
+    assert [e["candidates"][0].get("finishReason") for e in elements] == ["STOP"]
+    assert elements[0]["candidates"][0]["content"]["parts"][0]["text"].startswith("[loopguard] Stopped:")
+    assert b"functionCall" not in got
 
 
 async def test_a_stream_cut_by_the_upstream_ends_with_an_error_event(
@@ -491,3 +500,31 @@ async def test_observe_mode_changes_no_byte_of_a_gemini_exchange_yet_counts_the_
     assert (stats["rewritten_requests"], stats["stops"], stats["observed"]["stop"]) == (0, 0, 1)
     assert stats["per_rule"] == {"circuit_breaker": 1, "escalation": 1, "repeat_reminder": 1, "stop": 1}
     assert stats["observed_per_rule"] == stats["per_rule"]
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\r\n\r\n"
+
+
+BLOCKED = {"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": USAGE, "modelVersion": "m"}
+
+
+@pytest.mark.parametrize(
+    ("events", "complete"),
+    [
+        pytest.param([_data(BLOCKED)], True, id="blocked_prompt"),
+        pytest.param([_data({"candidates": []})], True, id="empty_candidates"),
+        pytest.param([_data({"usageMetadata": USAGE}), _data(BLOCKED)], True, id="no_candidate_in_any"),
+        pytest.param([], False, id="no_event_at_all"),
+        pytest.param([event([{"text": "half an ans"}])], False, id="a_candidate_without_finish"),
+        pytest.param([_data(BLOCKED), event([{"text": "x"}])], False, id="a_candidate_after_feedback"),
+    ],
+)
+def test_a_stream_whose_responses_carry_no_candidate_is_complete_as_it_is(
+    events: list[bytes], complete: bool
+) -> None:
+    """A blocked prompt (one ``promptFeedback`` event, then the end) had nothing to finish: it
+    passes byte for byte and is not taken for an answer that stopped short; a stream with a
+    candidate and no ``finishReason``, or no event at all, still is."""
+    out, guard, aborted = run(events, Judge(None))
+    assert (out, guard.complete, aborted, guard.actions) == (b"".join(events), complete, False, [])

@@ -617,8 +617,10 @@ def test_json_runaway_keeps_the_first_calls() -> None:
     assert [(a.rule, a.reason, a.count) for a in actions] == [("runaway", "identical", 2)]
 
 
-@pytest.mark.parametrize(("name", "n", "kept"), [("Read", 4, 4), ("read_file", 3, 3), ("read_file", 300, 32)])
-def test_json_identical_reads_are_left_to_the_call_limit(name: str, n: int, kept: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "n", "kept"), [("Read", 4, 4), ("read_file", 3, 3), ("Read", 5, 4), ("read_file", 300, 4)]
+)
+def test_json_identical_reads_are_cut_past_four(name: str, n: int, kept: int) -> None:
     body = message([tool_use(f"c{k}", "REDACTED.ts", name) for k in range(n)])
     new, actions = decide_json(orjson.dumps(body), Judge(None), CFG)
     if kept == n:
@@ -626,7 +628,9 @@ def test_json_identical_reads_are_left_to_the_call_limit(name: str, n: int, kept
         return
     assert new is not None
     assert [b["id"] for b in json.loads(new)["content"]] == [f"c{k}" for k in range(kept)]
-    assert [(a.rule, a.reason, a.count, a.tool) for a in actions] == [("runaway", "calls", 32, name)]
+    assert [(a.rule, a.reason, a.count, a.limit, a.tool) for a in actions] == [
+        ("runaway", "identical", 4, 4, name)
+    ]
 
 
 def test_identical_reads_stream_through_uncut() -> None:

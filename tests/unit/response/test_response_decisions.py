@@ -63,11 +63,35 @@ def test_stop_after_two_ignored_denials() -> None:
         count=9,
         limit=2,
         reason="denials",
+        evidence=(("withheld_in_turn", 2), ("after_ignored_denials", 2)),
     )
     assert stop.text == (
         "[loopguard] Stopped: the model kept calling read_file (9 times) and ignored 2 withheld results, "
         "so loopguard ended its turn here; that last call was not run. Send a message to continue."
     )
+
+
+@pytest.mark.parametrize(
+    ("messages", "config", "possible"),
+    [
+        pytest.param(repeated_call_messages(8), None, True, id="two_withheld_results"),
+        pytest.param(repeated_call_messages(7), None, False, id="one_withheld_result"),
+        pytest.param(repeated_call_messages(2), None, False, id="a_healthy_start"),
+        pytest.param(
+            repeated_call_messages(8), {"stop": {"after_ignored_denials": 0}}, False, id="denials_stop_off"
+        ),
+        pytest.param(
+            repeated_call_messages(2),
+            {"guards": {"circuit_breaker": {"max_calls_per_agent": 20}}},
+            True,
+            id="cap_within_one_answer",
+        ),
+    ],
+)
+def test_a_stop_is_possible_only_near_one(messages: list[Any], config: Any, possible: bool) -> None:
+    """:attr:`StopJudge.possible` (what ``stop.deliver: error`` holds a stream for): no guard run,
+    True only when some answer to this request could be stopped."""
+    assert judge_for(messages, config).possible is possible
 
 
 @pytest.mark.parametrize(
@@ -287,8 +311,19 @@ def test_runaway_cut(calls: list[AssembledCall], expected: tuple[str, int, int] 
         pytest.param([call("Read", '{"file_path": "REDACTED.ts"}')] * 4, None, id="4_identical_Read_not_cut"),
         pytest.param([call("grep", '{"pattern": "x"}')] * 3, None, id="3_identical_grep_not_cut"),
         pytest.param([call("bash", '{"command": "cat a.py"}')] * 3, None, id="3_identical_cat_not_cut"),
-        pytest.param([call()] * 32, None, id="32_identical_read_file_not_cut"),
-        pytest.param([call()] * 300, ("calls", 32, 32, "read_file"), id="300_identical_read_file_cut_at_32"),
+        pytest.param([call()] * 4, None, id="4_identical_read_file_not_cut"),
+        pytest.param([call()] * 5, ("identical", 4, 4, "read_file"), id="the_5th_identical_read_file_is_cut"),
+        pytest.param(
+            [call("get_weather", '{"city": "Shanghai"}')] * 21,
+            ("identical", 4, 4, "get_weather"),
+            id="21_identical_get_weather_cut_at_4",
+        ),
+        pytest.param([call()] * 300, ("identical", 4, 4, "read_file"), id="300_identical_read_file_cut_at_4"),
+        pytest.param(
+            [call(args=f'{{"path": "{i % 8}"}}') for i in range(32)],
+            None,
+            id="32_reads_of_8_files_4_each_not_cut",
+        ),
         pytest.param([write()] * 3, ("identical", 2, 2, "write_file"), id="3_identical_write_file_cut_at_2"),
         pytest.param(
             [call("bash", '{"command": "echo x >> a.py"}')] * 3,
@@ -307,7 +342,7 @@ def test_runaway_cut(calls: list[AssembledCall], expected: tuple[str, int, int] 
         ),
     ],
 )
-def test_runaway_counts_only_identical_calls_that_may_change_state(
+def test_runaway_counts_identical_writes_past_2_and_identical_reads_past_4(
     calls: list[AssembledCall], expected: tuple[str, int, int, str] | None
 ) -> None:
     cut = runaway_cut(calls, RCFG)
@@ -323,9 +358,17 @@ def test_runaway_reads_the_configs_effects() -> None:
 
 
 def test_runaway_limits_can_be_turned_off() -> None:
-    cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}}).response
+    off = {
+        "max_calls_per_response": 0,
+        "max_identical_per_response": 0,
+        "max_identical_reads_per_response": 0,
+    }
+    cfg = build(Config, {"response": off}).response
     assert runaway_cut([write()] * 300, cfg) is None
     assert runaway_cut([call()] * 300, cfg) is None
+    reads_only = build(Config, {"response": {"max_identical_reads_per_response": 0}}).response
+    assert runaway_cut([call()] * 300, reads_only) == Cut("runaway", "read_file", 32, 32, "calls")
+    assert runaway_cut([write()] * 3, reads_only) == Cut("runaway", "write_file", 2, 2, "identical")
 
 
 def test_streaming_counts_only_complete_calls_as_identical() -> None:
@@ -373,15 +416,15 @@ def test_json_runaway_keeps_the_first_two_identical_calls() -> None:
     assert actions == [Cut("runaway", "write_file", 2, 2, "identical")]
 
 
-def test_json_identical_reads_are_kept_up_to_the_call_limit() -> None:
+def test_json_identical_reads_are_kept_up_to_four() -> None:
     body = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(300)])
     new, actions = decide_json(orjson.dumps(body), None, Config())
     assert new is not None
     calls = orjson.loads(new)["choices"][0]["message"]["tool_calls"]
-    assert [c["id"] for c in calls] == [f"c{i}" for i in range(32)]
-    assert actions == [Cut("runaway", "read_file", 32, 32, "calls")]
-    three = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(3)])
-    assert decide_json(orjson.dumps(three), None, Config()) == (None, [])
+    assert [c["id"] for c in calls] == [f"c{i}" for i in range(4)]
+    assert actions == [Cut("runaway", "read_file", 4, 4, "identical")]
+    four = completion([tool_call("read_file", ARGS, f"c{i}") for i in range(4)])
+    assert decide_json(orjson.dumps(four), None, Config()) == (None, [])
 
 
 def test_json_degenerate_text_is_reported_only() -> None:

@@ -273,8 +273,8 @@ def test_json_runaway_keeps_the_first_calls() -> None:
     assert [(a.rule, a.count) for a in actions] == [("runaway", 2)]
 
 
-@pytest.mark.parametrize(("n", "kept"), [(4, 4), (300, 32)])
-def test_json_identical_reads_are_left_to_the_call_limit(n: int, kept: int) -> None:
+@pytest.mark.parametrize(("n", "kept"), [(4, 4), (5, 4), (300, 4)])
+def test_json_identical_reads_are_cut_past_four(n: int, kept: int) -> None:
     items = [function_call_item(f"c{k}", "exec_command", '{"cmd": "ls -la"}') for k in range(n)]
     new, actions = decide_json(orjson.dumps(response_object(items)), Judge(None), CFG)
     if kept == n:
@@ -282,7 +282,7 @@ def test_json_identical_reads_are_left_to_the_call_limit(n: int, kept: int) -> N
         return
     assert new is not None
     assert [i["call_id"] for i in json.loads(new)["output"]] == [f"c{k}" for k in range(kept)]
-    assert [(a.rule, a.reason, a.count) for a in actions] == [("runaway", "calls", 32)]
+    assert [(a.rule, a.reason, a.count, a.limit) for a in actions] == [("runaway", "identical", 4, 4)]
 
 
 @pytest.mark.parametrize("raw", [b"not json", b'{"object": "response"}', b"[]"])

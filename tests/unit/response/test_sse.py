@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.response.sse import SSEEvent, SSEFramer
+from proxy.response.sse import GATE_MAX_HELD, EventGate, SSEEvent, SSEFramer
 
 
 def frame(chunks: list[bytes]) -> tuple[list[SSEEvent], bytes]:
@@ -151,3 +151,107 @@ def test_one_large_event_in_many_reads_and_many_events_in_one_read() -> None:
     events = SSEFramer().feed(many)
     assert [e.data for e in events] == [str(i) for i in range(20_000)]
     assert b"".join(e.raw for e in events) + b"data: par" == many
+
+
+# --- the gate: whole events only -------------------------------------------------------------
+
+
+def gated(chunks: list[bytes]) -> list[bytes]:
+    gate = EventGate()
+    return [gate.feed(c) for c in chunks]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "out"),
+    [
+        pytest.param(
+            [b'data: a\n\ndata: {"x', b'"}\n\n'], [b"data: a\n\n", b'data: {"x"}\n\n'], id="split_event_held"
+        ),
+        pytest.param(
+            [b"data: a\r\n\r\nda", b"ta: b\r\n\r\n"], [b"data: a\r\n\r\n", b"data: b\r\n\r\n"], id="crlf"
+        ),
+        pytest.param([b"data: a\r\r", b"data: b\r\r"], [b"", b"data: a\r\r"], id="cr_only"),
+        pytest.param(
+            [b"data: a\r\n\r", b"\ndata: b\n\n"],
+            [b"", b"data: a\r\n\r\ndata: b\n\n"],
+            id="cr_held_for_its_lf",
+        ),
+        pytest.param([b": ping\n", b": ping\n\n"], [b": ping\n", b": ping\n\n"], id="comments_go_at_once"),
+        pytest.param(
+            [b"event: e\n", b"data: 1\n", b"\n"], [b"", b"", b"event: e\ndata: 1\n\n"], id="event_lines_held"
+        ),
+        pytest.param(
+            [b"event: e\n: c\n", b"\n"], [b"", b"event: e\n: c\n\n"], id="comment_inside_an_event_held"
+        ),
+        pytest.param(
+            [b'data: {"a":1}\ndata: {"b":2}\n', b"data: c"],
+            [b'data: {"a":1}\ndata: {"b":2}\n', b"data: c"],
+            id="one_line_end_framing_opens",
+        ),
+        pytest.param(
+            [b'data: {"a":\ndata: 1}\n', b"\n"],
+            [b"", b'data: {"a":\ndata: 1}\n\n'],
+            id="multi_line_data_held",
+        ),
+        pytest.param(
+            [b"data: a\ndata: b\n", b"\n"], [b"", b"data: a\ndata: b\n\n"], id="multi_line_text_held"
+        ),
+        pytest.param(
+            [b": c\n", b'data: {"x":\n', b"data: 2}\n\ndata: [1]\ndata: 2\n"],
+            [b": c\n", b"", b'data: {"x":\ndata: 2}\n\ndata: [1]\ndata: 2\n'],
+            id="opens_in_a_later_event",
+        ),
+        pytest.param(
+            [b'data: 1\n\ndata: {"a":1}\n', b'data: {"b":2}\n'],
+            [b"data: 1\n\n", b'data: {"a":1}\ndata: {"b":2}\n'],
+            id="opens_across_reads",
+        ),
+    ],
+)
+def test_the_gate_lets_through_whole_events_only(chunks: list[bytes], out: list[bytes]) -> None:
+    assert gated(chunks) == out
+
+
+def test_the_gate_gives_back_the_rest_at_the_end_or_drops_it_when_the_stream_breaks() -> None:
+    gate = EventGate()
+    assert gate.feed(b'data: a\n\ndata: {"half') == b"data: a\n\n"
+    assert (gate.held, gate.flush(), gate.held) == (12, b'data: {"half', 0)
+    gate = EventGate()
+    gate.feed(b'data: a\n\ndata: {"half')
+    assert (gate.drop(), gate.held, gate.feed(b"data: b\n\n")) == (12, 0, b"data: b\n\n")
+
+
+def test_the_gate_opens_past_its_limit() -> None:
+    gate = EventGate()
+    big = b"data: " + b"x" * GATE_MAX_HELD
+    assert gate.feed(big[:1000]) == b""
+    assert gate.feed(big[1000:]) == big
+    assert gate.feed(b"y") == b"y"
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [b'data: {"a":1}\n\n', b"event: e\r\ndata: x\r\n\r\n", b": ka\n", b"data: y\r\r", b"\n"]
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=20),
+)
+def test_the_gate_gives_the_same_bytes_and_never_half_an_event(parts: list[bytes], sizes: list[int]) -> None:
+    """Whatever the read boundaries: the bytes out (and the flushed rest) are the bytes in, and
+    what has gone out at any point leaves the agent's parser holding nothing (no field of an
+    unfinished event, no half line)."""
+    stream = b"".join(parts)
+    gate, sent, i, k = EventGate(), b"", 0, 0
+    while i < len(stream):
+        n = sizes[k % len(sizes)]
+        sent += gate.feed(stream[i : i + n])
+        i, k = i + n, k + 1
+        framer = SSEFramer()
+        framer.feed(sent)
+        framer.end()
+        rest = framer.finish()
+        assert all(line.startswith(b":") for line in rest.splitlines()), (sent, rest)
+    assert sent + gate.flush() == stream

@@ -219,26 +219,41 @@ def test_300_identical_calls_cut_to_2_as_soon_as_the_3rd_is_complete() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "n", "kept", "cut"),
+    ("name", "n", "kept", "cut", "abort"),
     [
-        pytest.param("read_file", 3, 3, None, id="3_identical_read_file_not_cut"),
-        pytest.param("Read", 4, 4, None, id="4_identical_Read_not_cut"),
-        pytest.param("grep", 3, 3, None, id="3_identical_grep_not_cut"),
+        pytest.param("read_file", 3, 3, None, False, id="3_identical_read_file_not_cut"),
+        pytest.param("Read", 4, 4, None, False, id="4_identical_Read_not_cut"),
+        pytest.param("grep", 3, 3, None, False, id="3_identical_grep_not_cut"),
+        # the 5th call is complete only at the finish: the stream ends there, nothing to close
         pytest.param(
-            "read_file", 300, 32, Cut("runaway", "read_file", 32, 32, "calls"), id="300_read_file_cut_at_32"
+            "Read", 5, 4, Cut("runaway", "Read", 4, 4, "identical"), False, id="5_identical_Read_cut_at_4"
+        ),
+        # the 5th call is complete when the 6th starts: the upstream is closed there
+        pytest.param(
+            "read_file",
+            300,
+            4,
+            Cut("runaway", "read_file", 4, 4, "identical"),
+            True,
+            id="300_read_file_cut_at_4",
         ),
         pytest.param(
-            "write_file", 3, 2, Cut("runaway", "write_file", 2, 2, "identical"), id="3_write_file_cut_at_2"
+            "write_file",
+            3,
+            2,
+            Cut("runaway", "write_file", 2, 2, "identical"),
+            False,
+            id="3_write_file_cut_at_2",
         ),
     ],
 )
-def test_streamed_identical_reads_are_left_to_the_call_limit(
-    name: str, n: int, kept: int, cut: Cut | None
+def test_streamed_identical_reads_are_cut_past_four(
+    name: str, n: int, kept: int, cut: Cut | None, abort: bool
 ) -> None:
     out, guard, aborts = run(b"".join(identical_calls_stream(n, name)))
     seen = agent_view(out)
     assert seen.calls == [(f"call_{i}", name, ARGS) for i in range(kept)]
-    assert aborts == [n > 32]  # the 33rd call's first delta closes the upstream; the rest end in the stream
+    assert aborts == [abort]
     assert (seen.finish, guard.actions) == (["tool_calls"], [cut] if cut else [])
 
 
@@ -284,7 +299,16 @@ def test_identical_calls_at_the_end_of_the_stream_are_cut_without_abort() -> Non
 
 
 def test_runaway_off() -> None:
-    cfg = build(Config, {"response": {"max_calls_per_response": 0, "max_identical_per_response": 0}})
+    cfg = build(
+        Config,
+        {
+            "response": {
+                "max_calls_per_response": 0,
+                "max_identical_per_response": 0,
+                "max_identical_reads_per_response": 0,
+            }
+        },
+    )
     raw = b"".join(identical_calls_stream(50))
     out, guard, _ = run(raw, 1 << 20, None, cfg)
     assert (out, guard.actions) == (raw, [])
