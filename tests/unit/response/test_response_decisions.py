@@ -158,6 +158,7 @@ def test_stop_at_the_lifetime_cap_at_once_and_after_a_user_message() -> None:
     assert stop is not None
     assert (stop.reason, stop.tool, stop.count, stop.limit) == ("cap", "read_file", 6, 5)
     assert stop.text == CAP_TEXT.format(limit=5, tool="read_file")
+    assert stop.evidence == (("calls_in_conversation", 6), ("max_calls_per_agent", 5))
     later = [
         *distinct_calls(5),
         {"role": "assistant", "content": "done"},
@@ -171,6 +172,7 @@ def test_the_cap_counts_per_request_by_default() -> None:
     stop = judge_for(distinct_calls(5), CAP_CONFIG)([call()])
     assert stop is not None
     assert (stop.reason, stop.tool, stop.count, stop.limit) == ("cap", "read_file", 6, 5)
+    assert stop.evidence == (("calls_in_request", 6), ("max_calls_per_agent", 5))
     assert (
         stop.text
         == EPISODE_CAP_TEXT.format(limit=5, tool="read_file")
@@ -189,12 +191,19 @@ def test_the_cap_counts_per_request_by_default() -> None:
     assert stop is not None and (stop.reason, stop.count) == ("cap", 6)
 
 
+@pytest.mark.parametrize(("calls", "possible"), [(48, False), (49, True)])
+def test_a_waste_stop_is_possible_once_one_answer_could_reach_the_limit(calls: int, possible: bool) -> None:
+    """80 calls bringing nothing new can be reached by an answer of up to 32 calls after 49."""
+    assert judge_for(distinct_calls(calls), {"stop": {"after_ignored_denials": 0}}).possible is possible
+
+
 def test_stop_when_the_calls_stopped_bringing_anything_new() -> None:
     """Drifting searches, each getting the result the episode already had (the waste cap)."""
     assert judge_for(distinct_calls(80))([call()]) is None  # 79 wasted of the last 80
     stop = judge_for(distinct_calls(81))([call()])
     assert stop is not None
     assert (stop.reason, stop.tool, stop.count, stop.limit) == ("waste", "read_file", 80, 100)
+    assert stop.evidence == (("calls_bringing_nothing_new", 80), ("waste_window", 100))
     assert stop.text == (
         "[loopguard] Stopped: the model's tool calls stopped bringing anything new (80 of its last 100 "
         "got results it already had, with nothing changed in between), so loopguard ended its turn here; "
