@@ -58,9 +58,11 @@ from proxy.core.transcript import ToolCall, ToolResult
 #: Poll tools: name → the argument naming the process it polls (and the key prefix); the agents'
 #: tool table says which tools poll (:attr:`proxy.core.agents.Tool.poll`).
 POLLS: dict[str, tuple[str, str]] = agents.polls()
-#: The least a sleep must wait (ms) to be a wait: a sub-second sleep waits for nothing a model
-#: would poll on, and one of 0 lets a loop pass as waiting with no time passing at all.
-MIN_SLEEP_MS = 1000
+#: The least a sleep must wait (ms) to be a wait: one of 0 (or a few ms) lets a loop pass as
+#: waiting with no time passing at all, while agents do poll a background job with half-second
+#: sleeps (Claude Code's ``sleep 0.5 && echo still running``): those pass time, and the waiting
+#: rule bounds them by the time they add up to.
+MIN_SLEEP_MS = 100
 #: Programs a sleep may run besides ``sleep`` and still only wait.
 QUIET = frozenset(("echo", "printf", "true", ":"))
 #: A result that says the process is still running (Codex; Claude Code's ``<status>``).

@@ -160,7 +160,8 @@ def call(
         pytest.param(
             "Bash", {"command": "sleep 0"}, None, False, None, 0, id="sleep_0_pending_waits_for_nothing"
         ),
-        pytest.param("Bash", {"command": "sleep 0.5; echo x"}, "x", False, None, 500, id="sub_second_sleep"),
+        pytest.param("Bash", {"command": "sleep 0.5; echo x"}, "x", True, None, 500, id="half_second_sleep"),
+        pytest.param("Bash", {"command": "sleep 0.05; echo x"}, "x", False, None, 50, id="a_50_ms_sleep"),
         pytest.param("Bash", {"command": "sleep 1 && echo x"}, "x", True, None, 1000, id="one_second_sleep"),
         pytest.param(
             "exec_command",
