@@ -303,7 +303,9 @@ async def conversation(
         msg["reasoning_content"] = f"thinking about {MARKER}"
         messages.append(msg)
         if not msg.get("tool_calls"):
-            messages.append({"role": "user", "content": f"continue {MARKER}"})
+            # a bare "continue" goes on with the same request (a continuation, whole text), so the
+            # circuit breaker keeps counting across the stop; "continue <more>" would be a new one
+            messages.append({"role": "user", "content": "continue"})
             continue
         for tc in msg["tool_calls"]:
             result = f"Error: {MARKER} is not readable\n" if mode == "failing" else f"def f():  # {MARKER}\n"
@@ -336,7 +338,7 @@ async def responses_conversation(
             statuses.append(r.status)
             answer = await r.json()
         if not any(item["type"] == "function_call" for item in answer["output"]):  # stopped
-            items += [*answer["output"], {"role": "user", "content": f"continue {MARKER}"}]
+            items += [*answer["output"], {"role": "user", "content": "continue"}]
             continue
         for item in answer["output"]:
             items.append(item)
@@ -393,7 +395,7 @@ async def messages_conversation(
             for b in answer["content"]
             if b["type"] == "tool_use"
         ]
-        messages.append({"role": "user", "content": results or f"continue {MARKER}"})
+        messages.append({"role": "user", "content": results or "continue"})
     return statuses
 
 
