@@ -49,6 +49,7 @@ from proxy.config.guards import (
     WaitingConfig,
 )
 from proxy.config.load import build, config_errors, load_config
+from proxy.config.recovery import CollapseConfig, FallbackConfig, RecoveryConfig, ResampleConfig
 from proxy.config.response import STOP_PLACEHOLDERS, DegenerateTextConfig, ResponseConfig, StopConfig
 from proxy.config.root import (
     MODE_SECTIONS,
@@ -92,6 +93,7 @@ __all__ = [
     "URL_KEYS",
     "CaptureConfig",
     "CircuitBreakerConfig",
+    "CollapseConfig",
     "Config",
     "ConfigError",
     "ConversationKeyConfig",
@@ -99,15 +101,18 @@ __all__ = [
     "DegenerateTextConfig",
     "EchoLoopConfig",
     "EscalationConfig",
+    "FallbackConfig",
     "GuardsConfig",
     "ListenConfig",
     "Mode",
     "MonologueConfig",
     "PrefixCacheConfig",
     "ProgressConfig",
+    "RecoveryConfig",
     "RecurrenceConfig",
     "RepeatReminderConfig",
     "RepeatedFailureConfig",
+    "ResampleConfig",
     "ResponseConfig",
     "ResponsesStoreConfig",
     "SameTargetConfig",

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 SECRET_KEYS = frozenset({"admin_token"})
 #: Keys whose value is a URL that may carry a credential (user info, a query ``api-key``):
 #: shown through :func:`proxy.config.redact.redact_url`.
-URL_KEYS = frozenset({"upstream.url", "state.backend"})
+URL_KEYS = frozenset({"upstream.url", "state.backend", "recovery.fallback.url"})
 
 
 def shown(key: str, value: Any) -> str:

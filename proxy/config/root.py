@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.config.fields import SECTION, Mode, Str
 from proxy.config.guards import GuardsConfig
+from proxy.config.recovery import RecoveryConfig
 from proxy.config.response import ResponseConfig, StopConfig
 from proxy.config.sections import (
     CaptureConfig,
@@ -59,6 +60,9 @@ class Config:
     """Ending the agent's turn."""
     response: ResponseConfig = field(default_factory=ResponseConfig)
     """Runaway answers, degenerate text, tool calls written as text."""
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    """Helping a looping model out: reminder wording, folded repeats, re-sampling, a fallback
+    upstream (all off by default)."""
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     """What is volatile, what may change state, what continues a turn."""
     responses_store: ResponsesStoreConfig = field(default_factory=ResponsesStoreConfig)

@@ -38,8 +38,12 @@ def schema(printed: str) -> dict[str, Any]:
     return json.loads(printed)
 
 
+#: Keys whose value is a mapping of the user's own keys (a leaf with a mapping default).
+FREE_MAPPINGS = {("recovery", "resample", "params")}
+
+
 def _leaves(data: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    if isinstance(data, dict) and data:
+    if isinstance(data, dict) and data and path not in FREE_MAPPINGS:
         out: dict[tuple[str, ...], Any] = {}
         for k, v in data.items():
             out.update(_leaves(v, (*path, k)))
