@@ -17,6 +17,8 @@
 
 - :class:`Repair` (response side) rewrote tool calls the model wrote as text into structured
   calls (``response.repair_text_tool_calls``).
+- :class:`Recover` (edge) asked the upstream again, or a second upstream, for an answer that
+  repeated a withheld call (``recovery.resample``, ``recovery.fallback``).
 
 ``fresh`` is True when the action concerns the newest step of the request; only fresh actions are
 logged, counted and written to the incident log (older ones are re-derived re-injections).
@@ -118,7 +120,24 @@ class Cut:
     kind: ClassVar[str] = "cut"
 
 
-Action = Remind | Withhold | Stop | Cut | Repair
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """The upstream was asked again for an answer that repeated a withheld call (edge,
+    ``recovery.*``): ``rule`` ``"resample"`` or ``"fallback"``; ``tool``: the repeated call's;
+    ``count``: the extra upstream calls made; ``limit``: those allowed (``resample.attempts``, 1
+    for the fallback); ``reason``: the outcome, ``recovered``, ``repeated`` or ``error``."""
+
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    reason: str = ""
+    fresh: bool = True
+    observed: bool = False
+    kind: ClassVar[str] = "recover"
+
+
+Action = Remind | Withhold | Stop | Cut | Repair | Recover
 
 
 def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tuple[Action, ...]:

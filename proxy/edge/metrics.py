@@ -21,7 +21,10 @@ before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-s
 calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
 ``loopguard_capture_write_errors_total`` (capture lines that could not be written),
 ``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
-calls, written as text and repaired), and
+calls, written as text and repaired), ``loopguard_recovery_total{kind,outcome}`` (re-sample and
+fallback interventions, ``kind`` ``resample`` or ``fallback``, ``outcome`` ``recovered``,
+``repeated`` or ``error``: :mod:`proxy.edge.recovery`), ``loopguard_extra_upstream_calls_total``
+(the upstream calls they made), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
 ``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),
@@ -56,6 +59,10 @@ _COUNTERS = (
     ("responses_repaired", "Answers whose tool calls written as text were repaired into structured calls."),
     ("text_calls_repaired", "Tool calls written as text that were repaired into structured calls."),
     ("capture_write_errors", "Capture lines (capture.path) that could not be written."),
+    (
+        "extra_upstream_calls",
+        "Extra upstream calls made by re-sample and fallback (recovery.*).",
+    ),
 )
 
 
@@ -91,6 +98,14 @@ class _StatsCollector(Collector):
         for reason, n in sorted(self._stats.unguarded_responses.items()):
             unread.add_metric([reason], n)
         yield unread
+        recovery = CounterMetricFamily(
+            "loopguard_recovery",
+            "Re-sample and fallback interventions by kind and outcome (recovered, repeated, error).",
+            labels=["kind", "outcome"],
+        )
+        for (kind, outcome), n in sorted(self._stats.recovery.items()):
+            recovery.add_metric([kind, outcome], n)
+        yield recovery
         backend = CounterMetricFamily(
             "loopguard_state_backend_errors",
             "Shared-state backend (Redis) operations that failed open, by operation.",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.core.actions import Action, Cut, Repair, Stop, Withhold
+from proxy.core.actions import Action, Cut, Recover, Repair, Stop, Withhold
 from proxy.edge.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -123,6 +123,8 @@ def action_summary(a: Action) -> dict[str, Any]:
     out = {"rule": a.rule, "kind": a.kind, "tool": a.tool, "count": a.count, "limit": a.limit}
     if isinstance(a, Withhold | Stop | Cut | Repair) and a.reason:
         out["reason"] = a.reason
+    if isinstance(a, Recover):  # its evidence: the extra upstream calls made and what came of them
+        out.update(attempts=a.count, outcome=a.reason)
     if isinstance(a, Stop):
         out.update(a.evidence)  # what count and limit count, each figure named
     if isinstance(a, Cut) and not a.applied:
@@ -183,6 +185,27 @@ class Stats:
     backend_errors: Counter[str] = field(default_factory=Counter)
     #: capture lines that could not be written (``capture.path``: disk full, file removed, …)
     capture_write_errors: int = 0
+    #: re-sample and fallback (:mod:`proxy.edge.recovery`): requests that asked again, those whose
+    #: answer was then one that did not repeat, and every extra upstream call made
+    resample_requests: int = 0
+    resample_recovered: int = 0
+    fallback_requests: int = 0
+    fallback_recovered: int = 0
+    extra_upstream_calls: int = 0
+    #: interventions per (kind, outcome), for ``loopguard_recovery_total``
+    recovery: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def record_recovery(self, kind: str, outcome: str, calls: int) -> None:
+        """One intervention (``kind`` ``resample`` or ``fallback``) that made ``calls`` extra
+        upstream calls and ended with ``outcome`` (``recovered``, ``repeated``, ``error``)."""
+        self.recovery[(kind, outcome)] += 1
+        self.extra_upstream_calls += calls
+        if kind == "resample":
+            self.resample_requests += 1
+            self.resample_recovered += outcome == "recovered"
+        elif kind == "fallback":
+            self.fallback_requests += 1
+            self.fallback_recovered += outcome == "recovered"
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
@@ -245,4 +268,11 @@ class Stats:
             "unguarded_responses": dict(sorted(self.unguarded_responses.items())),
             "state_backend_errors": dict(sorted(self.backend_errors.items())),
             "incidents": [i.as_dict() for i in self.incidents],
+            "recovery": {
+                "resample_requests": self.resample_requests,
+                "resample_recovered": self.resample_recovered,
+                "fallback_requests": self.fallback_requests,
+                "fallback_recovered": self.fallback_recovered,
+                "extra_upstream_calls": self.extra_upstream_calls,
+            },
         }

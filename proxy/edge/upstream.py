@@ -28,7 +28,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.edge import forward, relay, stopped
+from proxy.edge import forward, recovery, relay, stopped
 from proxy.edge.answers import error_event, shutdown_response, timeout_response, unreachable_response
 from proxy.edge.keys import (
     CAPTURE_KEY,
@@ -172,8 +172,30 @@ async def send_and_relay(
     fields.update(status=upstream.status, upstream_ms=round((time.perf_counter() - t_send) * 1000, 3))
     app[INFLIGHT_KEY].add(upstream)
     side: relay.ResponseSide | None = None
+    rt = runtime_of(request)
     try:
-        rt = runtime_of(request)
+        # an answer that repeats a withheld call: asked again (recovery.*), read whole first
+        chosen = await recovery.recover(
+            request,
+            upstream,
+            url,
+            sent_headers,
+            streamed if streamed is not None else body,
+            decision,
+            wire_of(request),
+            rt.cfg,
+            fields,
+        )
+        if chosen is not upstream:
+            app[INFLIGHT_KEY].discard(upstream)
+            upstream = chosen  # type: ignore[assignment]  # relayed as the upstream's response
+            app[INFLIGHT_KEY].add(upstream)
+            fields["status"] = upstream.status
+    except BaseException:
+        app[INFLIGHT_KEY].discard(upstream)
+        upstream.close()
+        raise
+    try:
         side = relay.plan(
             wire_of(request),
             upstream,
