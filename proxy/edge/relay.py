@@ -200,9 +200,11 @@ def enabled(cfg: Config) -> bool:
 
 
 def reads(guarded: bool | str | None, cfg: Config) -> bool:
-    """The response side reads the answer to this request (``guarded``: its wire, see
-    :func:`plan`): the agent's ``Accept-Encoding`` then goes upstream as ``identity``."""
-    return bool(guarded) and enabled(cfg)
+    """The response side (or re-sample and fallback, ``recovery.*``) reads the answer to this
+    request (``guarded``: its wire, see :func:`plan`): the agent's ``Accept-Encoding`` then goes
+    upstream as ``identity``."""
+    recovery = cfg.recovery.resample.attempts > 0 or bool(cfg.recovery.fallback.url)
+    return bool(guarded) and (enabled(cfg) or recovery)
 
 
 def _encoding(upstream: aiohttp.ClientResponse) -> str | None:

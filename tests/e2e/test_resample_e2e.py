@@ -24,7 +24,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.helpers.fakes import FakeUpstream, Recorded, completion, repeated_call_messages, sse_events, tool_call
+from tests.helpers.fakes import (
+    FakeUpstream,
+    Recorded,
+    completion,
+    repeated_call_messages,
+    sse_events,
+    tool_call,
+)
 from tests.helpers.gemini_contents import answer_events as gemini_events
 from tests.helpers.gemini_contents import answer_object as gemini_object
 from tests.helpers.gemini_contents import gemini_body
@@ -88,7 +95,10 @@ WIRES = [
         "messages",
         lambda stream: "/v1/messages",
         lambda messages, stream: {**messages_body(messages), "max_tokens": 100, "stream": stream},
-        lambda n, a, c: (message_object(_messages_message(n, a, c)), message_events(_messages_message(n, a, c))),
+        lambda n, a, c: (
+            message_object(_messages_message(n, a, c)),
+            message_events(_messages_message(n, a, c)),
+        ),
         None,
         "x-api-key",
     ),
@@ -164,8 +174,11 @@ async def post(base: str, wire: Wire, stream: bool, messages: list[dict[str, Any
 
 
 def seed(body: bytes, attempt: int) -> int:
-    """The documented derivation: the first 31 bits of SHA-256 over ``loopguard-resample:<n>:`` and the body."""
-    return int.from_bytes(hashlib.sha256(f"loopguard-resample:{attempt}:".encode() + body).digest()[:4], "big") >> 1
+    """The documented seed: the first 31 bits of SHA-256 over ``loopguard-resample:<n>:`` and the body."""
+    return (
+        int.from_bytes(hashlib.sha256(f"loopguard-resample:{attempt}:".encode() + body).digest()[:4], "big")
+        >> 1
+    )
 
 
 def resampled(wire: Wire, sent: bytes, attempt: int, params: dict[str, Any] = PARAMS) -> bytes:
