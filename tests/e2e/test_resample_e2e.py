@@ -13,6 +13,7 @@ bodies each upstream saw are pinned, and so is every answer the agent got.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
@@ -424,3 +425,52 @@ async def test_recovery_metrics_and_log_evidence(upstream: FakeUpstream, make_pr
         text = await r.text()
     assert 'loopguard_recovery_total{kind="resample",outcome="recovered"} 1.0' in text
     assert "loopguard_extra_upstream_calls_total 1.0" in text
+
+
+async def test_a_json_request_sent_upstream_as_a_stream_is_resampled_as_a_stream(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    """``upstream.stream_json_requests``: the attempt is the stream request loopguard sent, and the
+    agent gets the recovered answer assembled into its JSON."""
+    wire = WIRES[0]
+    upstream.handler = scripted([repeat(wire, True), fresh(wire, True)], True)
+    base = await make_proxy({**recovering(attempts=2), "upstream": {"stream_json_requests": True}})
+    status, raw = await post(base, wire, False, repeated_call_messages(8))
+    assert status == 200
+    [choice] = orjson.loads(raw)["choices"]
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+        {"name": "list_dir", "arguments": OTHER}
+    ]
+    sent = upstream.requests[0].body
+    assert orjson.loads(sent)["stream"] is True
+    assert [r.body for r in upstream.requests] == [sent, resampled(wire, sent, 1)]
+
+
+async def test_the_agent_going_away_while_the_answer_is_held_closes_the_upstream(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    wire = WIRES[0]
+    started, closed = asyncio.Event(), asyncio.Event()
+
+    async def endless(request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await resp.write(sse_events([tool_call("read_file", ARGS, "call_9")])[0])
+            started.set()
+            await asyncio.sleep(30)
+        finally:
+            closed.set()
+        return resp
+
+    upstream.handler = endless
+    base = await make_proxy(recovering())
+    body = orjson.dumps(wire.body(repeated_call_messages(8), True))
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.ensure_future(s.post(base + wire.path(True), data=body))
+        await asyncio.wait_for(started.wait(), 5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await asyncio.wait_for(closed.wait(), 5)  # the held upstream stream was closed
+    assert len(upstream.requests) == 1
