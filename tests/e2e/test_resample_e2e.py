@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from tests.helpers.fakes import (
     FakeUpstream,
@@ -416,15 +417,67 @@ async def test_fallback_timeout_or_error_leaves_the_original_answer(
     assert snap["recovery"]["fallback_recovered"] == 0
 
 
-async def test_recovery_metrics_and_log_evidence(upstream: FakeUpstream, make_proxy) -> None:
+async def test_recovery_metrics_and_log_evidence(
+    upstream: FakeUpstream, second: FakeUpstream, make_proxy
+) -> None:
     wire = WIRES[0]
-    upstream.handler = scripted([repeat(wire, False), fresh(wire, False)], False)
-    base = await make_proxy(recovering(attempts=2))
-    await post(base, wire, False, repeated_call_messages(8))
+    upstream.handler = scripted([repeat(wire, False)] * 4 + [503], False)
+    second.handler = scripted([fresh(wire, False)], False)
+    base = await make_proxy(recovering(attempts=2, fallback={"url": second.url}))
+    with capture_logs() as logs:
+        await post(base, wire, False, repeated_call_messages(8))
+        await post(base, wire, False, repeated_call_messages(8))  # the attempts now fail at once
     async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard/metrics") as r:
         text = await r.text()
-    assert 'loopguard_recovery_total{kind="resample",outcome="recovered"} 1.0' in text
-    assert "loopguard_extra_upstream_calls_total 1.0" in text
+    assert 'loopguard_recovery_total{kind="resample",outcome="repeated"} 1.0' in text
+    assert 'loopguard_recovery_total{kind="resample",outcome="error"} 1.0' in text
+    assert 'loopguard_recovery_total{kind="fallback",outcome="recovered"} 2.0' in text
+    assert "loopguard_extra_upstream_calls_total 5.0" in text  # 2 attempts + 1, 1 + 1
+    lines = [e for e in logs if e.get("event") == "request"]
+    recovered = [[a for a in e["actions"] if a["kind"] == "recover"] for e in lines]
+    assert recovered == [
+        [
+            {
+                "rule": "resample",
+                "kind": "recover",
+                "tool": "read_file",
+                "count": 2,
+                "limit": 2,
+                "attempts": 2,
+                "outcome": "repeated",
+            },
+            {
+                "rule": "fallback",
+                "kind": "recover",
+                "tool": "read_file",
+                "count": 1,
+                "limit": 1,
+                "attempts": 1,
+                "outcome": "recovered",
+            },
+        ],
+        [
+            {
+                "rule": "resample",
+                "kind": "recover",
+                "tool": "read_file",
+                "count": 1,
+                "limit": 2,
+                "attempts": 1,
+                "outcome": "error",
+            },
+            {
+                "rule": "fallback",
+                "kind": "recover",
+                "tool": "read_file",
+                "count": 1,
+                "limit": 1,
+                "attempts": 1,
+                "outcome": "recovered",
+            },
+        ],
+    ]
+    assert "agent-key" not in repr(logs)  # no credential in any log event
 
 
 async def test_a_json_request_sent_upstream_as_a_stream_is_resampled_as_a_stream(
@@ -474,3 +527,28 @@ async def test_the_agent_going_away_while_the_answer_is_held_closes_the_upstream
             await task
     await asyncio.wait_for(closed.wait(), 5)  # the held upstream stream was closed
     assert len(upstream.requests) == 1
+
+
+def _array(events: list[bytes]) -> bytes:
+    """Gemini's streamed array (``:streamGenerateContent`` without ``alt=sse``) of the same answer."""
+    return b"[" + b",\r\n".join(e.strip()[len(b"data: ") :] for e in events) + b"]"
+
+
+async def test_a_gemini_streamed_array_is_resampled_with_the_seed_in_generation_config(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    wire = WIRES[3]
+    again = _array(wire.answer("read_file", ARGS, "call_9")[1])
+    other = _array(wire.answer("list_dir", OTHER, "call_new")[1])
+    upstream.handler = scripted([again, other], False)  # application/json, read as it streams
+    base = await make_proxy(recovering(attempts=2))
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            base + "/v1beta/models/m:streamGenerateContent",
+            data=orjson.dumps(wire.body(repeated_call_messages(8), True)),
+        ) as r,
+    ):
+        assert (r.status, await r.read()) == (200, other)
+    sent = upstream.requests[0].body
+    assert [r.body for r in upstream.requests] == [sent, resampled(wire, sent, 1)]
