@@ -133,9 +133,10 @@ def fresh(wire: Wire, stream: bool, cid: str = "call_new") -> bytes:
     return _bytes(wire, stream, "list_dir", OTHER, cid)
 
 
-def scripted(answers: list[bytes | int], stream: bool) -> Any:
+def scripted(answers: list[bytes | int | str], stream: bool) -> Any:
     """A handler answering the n-th request with ``answers[n]`` (bytes: a 200 in the stream's
-    form; an int: that status with an error body); the last answer for any later request."""
+    form; an int: that status with an error body; a str: a 200 JSON body of that text, whatever
+    was asked); the last answer for any later request."""
     calls = 0
 
     async def handle(request: web.Request, body: bytes) -> web.StreamResponse:
@@ -144,6 +145,8 @@ def scripted(answers: list[bytes | int], stream: bool) -> Any:
         calls += 1
         if isinstance(answer, int):
             return web.Response(status=answer, body=b'{"error": "busy"}', content_type="application/json")
+        if isinstance(answer, str):
+            return web.Response(body=answer.encode(), content_type="application/json")
         if not stream:
             return web.Response(body=answer, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -283,11 +286,11 @@ async def test_resample_exhausted_leaves_todays_answer_byte_for_byte(
     assert snap["stops"] == 1
 
 
-@pytest.mark.parametrize("failure", [500, 400], ids=["5xx", "4xx"])
+@pytest.mark.parametrize("failure", [500, 400, "not an answer"], ids=["5xx", "4xx", "unreadable"])
 @STREAMS
 @EVERY_WIRE
 async def test_an_upstream_error_during_resample_leaves_the_original_answer(
-    upstream: FakeUpstream, make_proxy, wire: Wire, stream: bool, failure: int
+    upstream: FakeUpstream, make_proxy, wire: Wire, stream: bool, failure: int | str
 ) -> None:
     before = await today(make_proxy, upstream, wire, stream)
     upstream.handler = scripted([repeat(wire, stream), failure, fresh(wire, stream)], stream)
