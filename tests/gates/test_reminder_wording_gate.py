@@ -2,7 +2,8 @@
 say, never what the proxy does. The loop fixtures, the recorded real runs and the native agent
 sessions replayed through the real server (JSON: the texts are request side) with each style give
 the same observations (kind, call, message, side, rules) and as many distinct reminders as quote
-(the shipped default); the plain texts never carry the quoting field lines. Without the data the
+(the shipped default); the plain texts never carry the quoting field lines, and their claims
+(:mod:`tests.helpers.reminder_facts`) are as true as quote's. Without the data the
 tests are skipped, saying where it was looked for. Run with ``-s`` to see the totals."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.corpus import Replay, default_config, load_fixtures
-from tests.helpers.realtraj import ENV, load_runs, replay_runs, runs_dir
+from tests.helpers.realtraj import ENV, fact_violations, load_runs, replay_runs, runs_dir
 from tests.helpers.realtraj_native import load_sessions, replay_sessions, sessions_dirs
 
 STYLES = ("quote", "plain", "redirect")
@@ -76,3 +77,7 @@ def test_the_styles_change_the_texts_and_nothing_else(name: str) -> None:
         assert summary(done) == summary(quote), style
         quoting = [m.text[:80] for r in done for m in r.reminders if any(f in m.text for f in QUOTING)]
         assert not quoting, quoting
+        # every claim of the plain texts (and of redirect's untried tools) holds where quote's do
+        untrue = [v.describe() for r in done for v in fact_violations(r)]
+        assert len(untrue) == sum(len(fact_violations(r)) for r in quote), untrue
+        print(f"{name} {style}: {len(untrue)} untrue reminder claims")

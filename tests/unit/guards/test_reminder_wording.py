@@ -17,6 +17,7 @@ from proxy.core.transcript import Transcript
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards, evaluate
 from proxy.guards.wording import UNTRIED_NAMES, instead, untried
+from tests.helpers.reminder_facts import check_reminder
 
 RULES = (
     "repeat_reminder",
@@ -542,3 +543,30 @@ def test_a_rejected_reissue_says_to_do_what_the_user_asked() -> None:
             "Change the arguments or the approach, or tell the user what is blocking you.",
         )
     ]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("style", ["plain", "redirect"])
+def test_every_plain_reminder_is_true_of_the_history_before_it(name: str, style: str) -> None:
+    """The facts checker of the gates (tests/helpers/reminder_facts.py) reads the plain texts too."""
+    rules, settings, spec, rule = SCENARIOS[name]
+    request = body(*spec)
+    transcript = parse_request(request)
+    actions = evaluate(
+        transcript, build_guards(only(style, *rules, **settings).guards, style=style), Context()
+    )
+    reminders = [a for a in actions if isinstance(a, Remind) and a.rule == rule]
+    for a in reminders:
+        assert check_reminder(request["messages"][: a.after + 1], a.text) == []
+
+
+def test_an_untrue_plain_reminder_is_caught() -> None:
+    """The plain texts' claims, checked: not the same result, a tool said untried that was used."""
+    text = texts(only("redirect", "repeat_reminder"), body(*(READ,) * 3), "repeat_reminder")[0][2]
+    other = ("read_file", {"path": "a.py"}, "def f():\n    return 2\n")
+    history = body(READ, READ, other)["messages"]
+    assert check_reminder(history, text) == [
+        "without making progress: the last 3 calls did not all return the same result"
+    ]
+    history = body(("bash", {"command": "ls"}, "a.py"), READ, READ, READ)["messages"]
+    assert check_reminder(history, text) == ["not used since the user's last message: bash was"]
