@@ -16,6 +16,7 @@ from proxy.core.actions import Action, Remind, Withhold
 from proxy.core.transcript import Transcript
 from proxy.dialects.openai_chat import parse_request
 from proxy.guards import Context, build_guards, evaluate
+from proxy.guards.stop_note import stop_note_for
 from proxy.guards.wording import UNTRIED_NAMES, instead, untried
 from tests.helpers.reminder_facts import check_reminder
 
@@ -570,3 +571,48 @@ def test_an_untrue_plain_reminder_is_caught() -> None:
     ]
     history = body(("bash", {"command": "ls"}, "a.py"), READ, READ, READ)["messages"]
     assert check_reminder(history, text) == ["not used since the user's last message: bash was"]
+
+
+@pytest.mark.parametrize(
+    ("style", "tail"),
+    [
+        (
+            "quote",
+            "[loopguard] Stopped: the model kept calling read_file without getting anywhere (2 withheld "
+            "results), so loopguard ended its turn; a reply that makes such a call again is replaced by "
+            "this stop "
+            "and the call is not run. Do not call read_file for this again: use the results you already "
+            "have, try "
+            "a different approach, or finish and say what is blocking you.",
+        ),
+        (
+            "plain",
+            "[loopguard] Stopped: the model kept making calls that got nowhere (2 withheld results), so "
+            "loopguard "
+            "ended its turn; a reply that makes such a call again is replaced by this stop and the call is "
+            "not "
+            "run.\nDo not make that call again: use the results you already have, try a different approach, "
+            "or "
+            "finish and say what is blocking you.",
+        ),
+        (
+            "redirect",
+            "[loopguard] Stopped: the model kept making calls that got nowhere (2 withheld results), so "
+            "loopguard "
+            "ended its turn; a reply that makes such a call again is replaced by this stop and the call is "
+            "not "
+            "run.\n" + redirect("edit_file", "bash", "list_dir"),
+        ),
+    ],
+)
+def test_the_stop_note_on_a_harness_reply_speaks_in_each_style(style: str, tail: str) -> None:
+    """The note a harness's "no tool calls" reply gets after a stop (the model reads it) names the
+    looping tool only in quote."""
+    request = body(*(READ,) * 7)
+    request["messages"].append(
+        {"role": "user", "content": "Tool call error:\n\nNo tool calls found in the response."}
+    )
+    cfg = only(style, "repeat_reminder", "circuit_breaker", "escalation")
+    guards = build_guards(cfg.guards, stop_note=stop_note_for(cfg), style=cfg.recovery.reminders)
+    notes = [a for a in evaluate(parse_request(request), guards, Context()) if a.rule == "stop_note"]
+    assert [(n.after, n.text) for n in notes] == [(15, tail)]
