@@ -91,11 +91,11 @@ PLAIN_FAILED_TEXT = (
     "that changed, and they failed the same way each time. Changing the arguments this way does "
     "not fix it."
 )
-#: plain's closing lines (redirect closes with :func:`proxy.guards.wording.instead`)
+#: plain's closing lines, for a run of the same result and of the same failure (redirect closes
+#: with :func:`proxy.guards.wording.instead`)
 PLAIN_CLOSE = (
     "Use the result you already have, do something different, or tell the user what is blocking you."
 )
-#: plain's closing line for a failure run (redirect closes with :func:`proxy.guards.wording.instead`)
 PLAIN_FAILED_CLOSE = (
     "Read the error and check its cause first (for an edit: read the file again, as it is now), do "
     "something different, or tell the user what is blocking you."

@@ -114,7 +114,9 @@ class StopNote:
             if k < len(calls) and calls[k] < said.position:
                 continue  # a call ran after that withheld result: the answer was no stop
             results = "result" if hi - lo == 1 else "results"
-            call = next((c for c in transcript.calls if c.call_id == last.call_id), None)
+            # the call whose result was withheld: the last one before that result with its id
+            tc = transcript.calls
+            call = next((tc[j] for j in range(k - 1, -1, -1) if tc[j].call_id == last.call_id), None)
             if self._style != QUOTE and call is not None:
                 plain = PLAIN_TEXT.format(denials=hi - lo, results=results)
                 text = speak(self._style, plain, transcript, call, PLAIN_CLOSE)

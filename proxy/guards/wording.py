@@ -47,7 +47,12 @@ def untried(transcript: Transcript, call: ToolCall) -> list[str]:
     offered none (or the dialect does not say)."""
     if not transcript.tools:
         return []
-    used = {c.name for c in transcript.calls[: call.seq + 1] if c.turn == call.turn}
+    calls = transcript.calls
+    used = set()
+    k = call.seq
+    while k >= 0 and calls[k].turn == call.turn:  # a turn's calls are consecutive: only its own read
+        used.add(calls[k].name)
+        k -= 1
     return [name for name in transcript.tools if name not in used][:UNTRIED_NAMES]
 
 
