@@ -324,6 +324,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
         cfg.guards,
         *progress_rules(cfg.progress),
         stop_note_for(cfg),
+        cfg.recovery.reminders,
     )
     memory = Memory(guards)
     observed = cfg.observed_rules()

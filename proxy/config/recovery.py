@@ -95,9 +95,10 @@ class RecoveryConfig:
 
     reminders: Literal["quote", "plain", "redirect"] = "quote"
     """How reminders and denials speak of the looping call. quote: name its tool and show its
-    arguments (the seeds' texts). plain: neither its name nor its arguments, only that the last
-    calls repeated. redirect: like plain, and says what to do instead: use the results already
-    in hand, try a tool or target not yet tried, or answer."""
+    arguments (the seeds' texts). plain: neither its name nor its arguments nor its target, only
+    what is true of the history (the same call N times, the same result). redirect: like plain,
+    and says what to do instead: use the results already in hand, the offered tools not used
+    since the user's last message, or answer the user."""
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     """Fold repeated call/result pairs before the upstream sees them."""
     resample: ResampleConfig = field(default_factory=ResampleConfig)

@@ -62,7 +62,7 @@ from typing import Any
 from proxy.core.actions import Action, Remind
 from proxy.core.canonical import parse_arguments
 from proxy.core.transcript import Said, ToolResult, Transcript
-from proxy.dialects import edits, jsonbody
+from proxy.dialects import edits, jsonbody, text_calls
 from proxy.dialects.fold import FoldState, history
 from proxy.errors import DialectError
 
@@ -144,7 +144,8 @@ def parse_request(body: Any) -> Transcript:
     Raises :class:`DialectError` when ``body`` is not an object, ``messages`` is not a list, or a
     message is not an object.
     """
-    return Fold().read(history(body, ITEMS))
+    messages = history(body, ITEMS)  # raises for a body that is not an object
+    return Fold(text_calls.offered_tools(body)).read(messages)
 
 
 class Fold(FoldState):
@@ -153,14 +154,15 @@ class Fold(FoldState):
     a request that repeats that prefix resumes there (:mod:`proxy.request.prefix_cache`).
 
     ``tools`` (here) and ``tool_choice`` (:meth:`finish`) are taken as every dialect's fold takes
-    them (:class:`proxy.dialects.Dialect`) and not read: Messages calls are ``tool_use`` blocks,
-    read the same whatever the request offers."""
+    them (:class:`proxy.dialects.Dialect`); Messages calls are ``tool_use`` blocks, read the same
+    whatever the request offers: the offered tools are only kept in the transcript (names, for the
+    redirect texts of :mod:`proxy.guards.wording`)."""
 
     __slots__ = ("positions",)
     EXTRA = ("positions",)
 
     def __init__(self, tools: Any = None) -> None:
-        super().__init__(None)
+        super().__init__(tools)
         self.positions = 0  # slots read so far (:func:`slots`)
 
     def finish(self, message_count: int, tool_choice: Any = None) -> Transcript:

@@ -70,6 +70,7 @@ def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
         cfg.guards,
         *progress_rules(cfg.progress),
         stop_note_for(cfg),
+        cfg.recovery.reminders,
     )
     if previous is None:
         memory = Memory(guards)

@@ -33,6 +33,7 @@ from proxy.guards.resume import context_for
 from proxy.guards.same_target import SameTarget
 from proxy.guards.turn_guard import TurnGuard
 from proxy.guards.waiting import Waiting
+from proxy.guards.wording import QUOTE, Style
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ def build_guards(
     effects: EffectRule | None = None,
     continuations: ContinuationRule | None = None,
     stop_note: Guard | None = None,
+    style: Style = QUOTE,
 ) -> tuple[Guard, ...]:
     """The enabled guards, in order: repeat_reminder, circuit_breaker, turn_guard, narration
     (part of ``turn_guard``'s config; on when it is enabled and ``narrate_after_ms`` > 0), the
@@ -69,7 +71,8 @@ def build_guards(
     (:mod:`proxy.core.effects`); ``continuations``: which user messages do not start a new episode
     (:mod:`proxy.core.episodes`); all for guards with ``progress_aware``. ``stop_note``: the enforced stop's
     note on harness replies (:func:`proxy.guards.stop_note.stop_note_for`; last: it reads every
-    other guard's withheld results)."""
+    other guard's withheld results). ``style``: ``recovery.reminders``, how the texts about a looping
+    call speak of it (:mod:`proxy.guards.wording`)."""
     turn = cfg.turn_guard
     inject = cfg.repeat_reminder.inject_as
     targets = TargetRule(overrides=turn.targets)
@@ -81,30 +84,36 @@ def build_guards(
         continuations or ContinuationRule(),
     )
     registry: list[tuple[bool, Callable[[], Guard]]] = [
-        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, situations)),
-        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, situations)),
-        (turn.enabled, lambda: TurnGuard(turn, situations)),
+        (cfg.repeat_reminder.enabled, lambda: RepeatReminder(cfg.repeat_reminder, situations, style)),
+        (cfg.circuit_breaker.enabled, lambda: CircuitBreaker(cfg.circuit_breaker, situations, style)),
+        (turn.enabled, lambda: TurnGuard(turn, situations, style)),
         (turn.enabled and turn.narrate_after_ms > 0, lambda: Narration(turn)),
         # beyond exact repeats, DESIGN §6.5 (reminders use repeat_reminder's inject_as; targets and
         # failures as turn_guard defines them)
         (
             cfg.recurrence.enabled,
-            lambda: Recurrence(cfg.recurrence, inject, situations, leave_runs=cfg.repeat_reminder.enabled),
+            lambda: Recurrence(
+                cfg.recurrence, inject, situations, leave_runs=cfg.repeat_reminder.enabled, style=style
+            ),
         ),
-        (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, situations, targets)),
+        (cfg.cycles.enabled, lambda: Cycles(cfg.cycles, inject, situations, targets, style)),
         (
             cfg.repeated_failure.enabled,
-            lambda: RepeatedFailure(cfg.repeated_failure, inject, targets, turn.failure_patterns, situations),
+            lambda: RepeatedFailure(
+                cfg.repeated_failure, inject, targets, turn.failure_patterns, situations, style
+            ),
         ),
         (cfg.monologue.enabled, lambda: Monologue(cfg.monologue, inject, situations)),
-        (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, situations)),
+        (cfg.echo_loop.enabled, lambda: EchoLoop(cfg.echo_loop, inject, situations, style)),
         (
             cfg.same_target.enabled,
-            lambda: SameTarget(cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args),
+            lambda: SameTarget(
+                cfg.same_target, inject, targets, situations, cfg.repeat_reminder.ignore_args, style
+            ),
         ),
         (cfg.waiting.enabled, lambda: Waiting(cfg.waiting, inject, situations)),
         # escalation last, because it reads the reminders of every guard before it
-        (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations)),
+        (cfg.escalation.enabled, lambda: Escalation(cfg.escalation, targets, situations, style)),
     ]
     guards = tuple(make() for enabled, make in registry if enabled)
     # the note only speaks of withheld results: without a guard that withholds it has nothing

@@ -75,6 +75,7 @@ from proxy.core.progress import RepeatJudge, same_result
 from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "circuit_breaker"
 DUPLICATE = "duplicate"
@@ -102,6 +103,17 @@ EPISODE_CAP_TEXT = (
     "what you have done and found so far, what is left, and what you need from them."
 )
 
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): the duplicate denial
+#: without the tool's name (the cap and waste texts name no call: the same in every style).
+PLAIN_DUPLICATE_TEXT = (
+    "[loopguard] The result of this call is withheld: you have now made this same call {count} "
+    "times, and the limit is {limit}. Repeating it will not give you anything new."
+)
+PLAIN_DUPLICATE_CLOSE = (
+    "Stop making this call: use the results you already have, change your approach, or tell the "
+    "user what is blocking you."
+)
+
 WASTE_TEXT = (
     "[loopguard] The result of this call is withheld: it gave you nothing you did not already have, "
     "and neither did {count} of your last {limit} tool calls (the same results again, with nothing "
@@ -113,12 +125,16 @@ WASTE_TEXT = (
 class CircuitBreaker:
     """Guard callable: ``CircuitBreaker(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_exempt", "_ignore", "_only", "_situations", "_texts")
+    __slots__ = ("_cfg", "_exempt", "_ignore", "_only", "_plain", "_situations", "_texts")
 
     name = RULE
 
-    def __init__(self, cfg: CircuitBreakerConfig, situations: Situations | None = None) -> None:
+    def __init__(
+        self, cfg: CircuitBreakerConfig, situations: Situations | None = None, style: Style = QUOTE
+    ) -> None:
         self._cfg = cfg
+        # the duplicate denial's style; a deny_message the user wrote is used as written
+        self._plain: Style | None = style if style != QUOTE and not cfg.deny_message else None
         self._situations = situations or Situations()
         self._exempt = NamePatterns(cfg.exempt)
         self._only = NamePatterns(cfg.only)
@@ -210,12 +226,17 @@ class CircuitBreaker:
                 continue
             if call.result is None:
                 continue
+            if kind == DUPLICATE and self._plain is not None:
+                plain = PLAIN_DUPLICATE_TEXT.format(count=count, limit=limit)
+                text = speak(self._plain, plain, transcript, call, PLAIN_DUPLICATE_CLOSE)
+            else:
+                text = self._texts[kind].format(tool=call.name, count=count, limit=limit, kind=kind)
             actions.append(
                 Withhold(
                     position=call.result.position,
                     part=call.result.part,
                     call_id=call.call_id,
-                    text=self._texts[kind].format(tool=call.name, count=count, limit=limit, kind=kind),
+                    text=text,
                     rule=RULE,
                     tool=call.name,
                     count=count,

@@ -42,6 +42,7 @@ from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import call_memo, known, memoized, remind_after_step
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "cycles"
 STEP_PREVIEW_CHARS = 120
@@ -58,6 +59,22 @@ WITHHOLD_TEXT = (
     "cycle: use the results you already have, try a different approach, or tell the user what is "
     "blocking you."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): the cycle's length and
+#: rounds, not its steps; "the same results" only where the rule required them (``progress_aware``).
+PLAIN_REMIND_TEXT = (
+    "[loopguard] You are going in circles: the same {period} steps have now repeated {count} times in "
+    "a row{same}. Another round will end the same way."
+)
+PLAIN_REMIND_CLOSE = (
+    "Stop and rethink: what did these results tell you, and what different step would get you "
+    "further? If you are stuck, tell the user."
+)
+PLAIN_WITHHOLD_TEXT = (
+    "[loopguard] The result of this call is withheld: it continues a cycle of {period} steps that you "
+    "have now repeated {count} times{same}."
+)
+PLAIN_WITHHOLD_CLOSE = "Break the cycle: try a different approach, or tell the user what is blocking you."
+SAME_ROUND = ", and the last round gave the same results as the round before"
 
 
 def _block_period_is(block: Sequence[tuple[str, str]], period: int) -> bool:
@@ -90,7 +107,7 @@ def _same(s: CyclesState, calls: Sequence[ToolCall], masks: Masks, k: int, p: in
 class Cycles:
     """Guard callable: ``Cycles(cfg)(transcript, ctx) -> list[Remind | Withhold]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_targets")
+    __slots__ = ("_cfg", "_delivery", "_memo", "_situations", "_style", "_targets")
 
     name = RULE
 
@@ -100,8 +117,10 @@ class Cycles:
         delivery: Delivery = "user",
         situations: Situations | None = None,
         targets: TargetRule | None = None,
+        style: Style = QUOTE,
     ) -> None:
         self._cfg = cfg
+        self._style = style
         self._delivery = delivery
         self._situations = situations or Situations()
         self._memo: Memo[tuple[str, str], tuple[str, str]] = call_memo()
@@ -166,11 +185,16 @@ class Cycles:
             # a reminder only when the last round got the same results as the one before
             repeated = not cfg.progress_aware or all(r for r, _ in last_round)
             if complete and count == cfg.repetitions and repeated:
-                steps = "\n".join(
-                    f"  {k}. {name} {preview(target.lstrip(chr(0)), STEP_PREVIEW_CHARS)}"
-                    for k, (name, target) in enumerate(block, 1)
-                )
-                text = REMIND_TEXT.format(period=p, count=count, steps=steps)
+                if self._style != QUOTE:
+                    same = SAME_ROUND if cfg.progress_aware else ""
+                    plain = PLAIN_REMIND_TEXT.format(period=p, count=count, same=same)
+                    text = speak(self._style, plain, transcript, call, PLAIN_REMIND_CLOSE)
+                else:
+                    steps = "\n".join(
+                        f"  {k}. {name} {preview(target.lstrip(chr(0)), STEP_PREVIEW_CHARS)}"
+                        for k, (name, target) in enumerate(block, 1)
+                    )
+                    text = REMIND_TEXT.format(period=p, count=count, steps=steps)
                 remind = remind_after_step(
                     transcript, call, text, RULE, count, cfg.repetitions, self._delivery
                 )
@@ -181,13 +205,19 @@ class Cycles:
             stale = all(unchanged for _, unchanged in last_round)
             if not withhold or (cfg.progress_aware and not stale) or call.result is None:
                 continue
-            cycle = " → ".join(name for name, _ in block)
+            if self._style != QUOTE:
+                same = SAME_ROUND if cfg.progress_aware else ""
+                plain = PLAIN_WITHHOLD_TEXT.format(period=p, count=count, same=same)
+                denial = speak(self._style, plain, transcript, call, PLAIN_WITHHOLD_CLOSE)
+            else:
+                cycle = " → ".join(name for name, _ in block)
+                denial = WITHHOLD_TEXT.format(period=p, cycle=cycle, count=count)
             actions.append(
                 Withhold(
                     position=call.result.position,
                     part=call.result.part,
                     call_id=call.call_id,
-                    text=WITHHOLD_TEXT.format(period=p, cycle=cycle, count=count),
+                    text=denial,
                     rule=RULE,
                     tool=call.name,
                     count=count,

@@ -32,6 +32,7 @@ from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import call_memo, known, memoized, remind_after_step
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "echo_loop"
 PREVIEW_CHARS = 300
@@ -45,6 +46,14 @@ TEXT = (
     "Nothing new is coming back: each output is only the text you put in. Write the "
     "actual code or command the task needs, or tell the user what is blocking you."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): neither the tool nor the
+#: template.
+PLAIN_TEXT = (
+    "[loopguard] Your last {count} calls ran the same command with only a quoted text changed, and "
+    "each output just echoed that text back. Nothing new is coming back: each output is only the "
+    "text you put in."
+)
+PLAIN_CLOSE = "Write the actual code or command the task needs, or tell the user what is blocking you."
 
 
 def _literals(value: Any, out: list[str]) -> Any:
@@ -66,15 +75,20 @@ def _literals(value: Any, out: list[str]) -> Any:
 class EchoLoop:
     """Guard callable: ``EchoLoop(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_masks", "_memo", "_situations")
+    __slots__ = ("_cfg", "_delivery", "_masks", "_memo", "_situations", "_style")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
     def __init__(
-        self, cfg: EchoLoopConfig, delivery: Delivery = "user", situations: Situations | None = None
+        self,
+        cfg: EchoLoopConfig,
+        delivery: Delivery = "user",
+        situations: Situations | None = None,
+        style: Style = QUOTE,
     ) -> None:
+        self._style = style
         self._situations = situations or Situations()
         self._cfg = cfg
         self._delivery = delivery
@@ -148,7 +162,10 @@ class EchoLoop:
             if s.chain != cfg.repeats:
                 continue
             chain = s.chain
-            msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
+            if self._style != QUOTE:
+                msg = speak(self._style, PLAIN_TEXT.format(count=chain), transcript, call, PLAIN_CLOSE)
+            else:
+                msg = TEXT.format(count=chain, tool=call.name, template=preview(template, PREVIEW_CHARS))
             action = remind_after_step(transcript, call, msg, RULE, chain, cfg.repeats, self._delivery)
             if action is not None:
                 actions.append(action)

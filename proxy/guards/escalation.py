@@ -59,6 +59,7 @@ from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
 from proxy.guards.turns import call_memo, known, memoized
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "escalation"
 #: How alike (difflib ratio) a pending call's arguments must be to the last stale call's.
@@ -70,6 +71,15 @@ WITHHOLD_TEXT = (
     "calls to {subject} were not getting anywhere, and this call got the same result as an "
     "earlier one. Stop calling {tool} for this: use the results you already have, "
     "try a different approach, or tell the user what is blocking you."
+)
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): neither the tool nor the
+#: target.
+PLAIN_WITHHOLD_TEXT = (
+    "[loopguard] The result of this call is withheld: you were reminded {count} times that these "
+    "calls were not getting anywhere, and this call got the same result as an earlier one."
+)
+PLAIN_WITHHOLD_CLOSE = (
+    "Stop making this call: try a different approach, or tell the user what is blocking you."
 )
 
 
@@ -94,7 +104,7 @@ class Escalation:
     """Guard callable: ``Escalation(cfg)(transcript, ctx) -> list[Withhold]``; reads
     ``ctx.prior`` (the reminders decided before it)."""
 
-    __slots__ = ("_cfg", "_memo", "_situations", "_targets")
+    __slots__ = ("_cfg", "_memo", "_situations", "_style", "_targets")
 
     name = RULE
     reads_prior = True
@@ -108,8 +118,10 @@ class Escalation:
         cfg: EscalationConfig,
         targets: TargetRule | None = None,
         situations: Situations | None = None,
+        style: Style = QUOTE,
     ) -> None:
         self._cfg = cfg
+        self._style = style
         self._targets = targets or TargetRule()
         self._situations = situations or Situations()
         self._memo: Memo[tuple[str, str], tuple[str, str | None]] = call_memo()
@@ -186,14 +198,19 @@ class Escalation:
             count = bisect.bisect_left(positions, call.position) - bisect.bisect_left(positions, track.moved)
             if count < self._cfg.after_reminders:
                 continue
-            tool, target = on
-            subject = f"{tool} on {target}" if target and target != tool else tool
+            if self._style != QUOTE:
+                plain = PLAIN_WITHHOLD_TEXT.format(count=count)
+                denial = speak(self._style, plain, transcript, call, PLAIN_WITHHOLD_CLOSE)
+            else:
+                tool, target = on
+                subject = f"{tool} on {target}" if target and target != tool else tool
+                denial = WITHHOLD_TEXT.format(count=count, subject=subject, tool=call.name)
             actions.append(
                 Withhold(
                     position=call.result.position,
                     part=call.result.part,
                     call_id=call.call_id,
-                    text=WITHHOLD_TEXT.format(count=count, subject=subject, tool=call.name),
+                    text=denial,
                     rule=RULE,
                     tool=call.name,
                     count=count,

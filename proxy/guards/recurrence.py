@@ -28,6 +28,7 @@ from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import remind_after_step
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "recurrence"
 PREVIEW_CHARS = 300
@@ -40,12 +41,20 @@ TEXT = (
     "Calling it again will not tell you anything new. Use the result you already have, or do "
     "something different."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): neither the tool nor the
+#: arguments; "the same result" only where the rule required it (``progress_aware``).
+PLAIN_TEXT = (
+    "[loopguard] You keep coming back to the same tool call: {count} times in your last {span} "
+    "calls{same}. Calling it again will not tell you anything new."
+)
+PLAIN_CLOSE = "Use the result you already have, or do something different."
+SAME_RESULT = ", and it returned the same result each time"
 
 
 class Recurrence:
     """Guard callable: ``Recurrence(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_situations")
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_leave_runs", "_situations", "_style")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
@@ -57,8 +66,10 @@ class Recurrence:
         delivery: Delivery = "user",
         situations: Situations | None = None,
         leave_runs: bool = True,
+        style: Style = QUOTE,
     ) -> None:
         self._cfg = cfg
+        self._style = style
         self._leave_runs = leave_runs
         self._delivery = delivery
         self._ignore = frozenset(cfg.ignore_args)
@@ -106,12 +117,15 @@ class Recurrence:
             count = len(seen)
             if count != cfg.occurrences or (self._leave_runs and seen[-1] - seen[0] == count - 1):
                 continue
-            text = TEXT.format(
-                tool=call.name,
-                count=count,
-                span=i - seen[0] + 1,
-                arguments=preview(key[1], PREVIEW_CHARS),
-            )
+            span = i - seen[0] + 1
+            if self._style != QUOTE:
+                same = SAME_RESULT if cfg.progress_aware else ""
+                plain = PLAIN_TEXT.format(count=count, span=span, same=same)
+                text = speak(self._style, plain, transcript, call, PLAIN_CLOSE)
+            else:
+                text = TEXT.format(
+                    tool=call.name, count=count, span=span, arguments=preview(key[1], PREVIEW_CHARS)
+                )
             action = remind_after_step(transcript, call, text, RULE, count, cfg.occurrences, self._delivery)
             if action is not None:
                 actions.append(action)

@@ -34,6 +34,7 @@ from proxy.core.progress import RepeatJudge
 from proxy.core.transcript import Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.resume import unread
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "repeat_reminder"
 
@@ -51,6 +52,10 @@ DETAILED_TEXT = (
     "Do not call this tool with these exact arguments again. Use the results you already have, "
     "try a different approach, or tell the user what is blocking you."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): neither the tool nor the
+#: arguments; "the same result" only where the chain required it (``progress_aware``).
+PLAIN_TEXT = "[loopguard] You have made the same tool call {count} times in a row{same}."
+SAME_RESULT = ", and it returned the same result each time"
 
 
 def preview(text: str, limit: int) -> str:
@@ -63,14 +68,17 @@ def preview(text: str, limit: int) -> str:
 class RepeatReminder:
     """Guard callable: ``RepeatReminder(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_situations", "_thresholds")
+    __slots__ = ("_cfg", "_exclude", "_ignore", "_include", "_situations", "_style", "_thresholds")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
     withholds = False
 
-    def __init__(self, cfg: RepeatReminderConfig, situations: Situations | None = None) -> None:
+    def __init__(
+        self, cfg: RepeatReminderConfig, situations: Situations | None = None, style: Style = QUOTE
+    ) -> None:
         self._cfg = cfg
+        self._style = style
         self._situations = situations or Situations()
         self._include = NamePatterns(cfg.include)
         self._exclude = NamePatterns(cfg.exclude)
@@ -126,7 +134,10 @@ class RepeatReminder:
             if end is None:
                 continue
             count = s.count
-            if count == lowest:
+            if self._style != QUOTE:
+                same = SAME_RESULT if cfg.progress_aware else ""
+                text = speak(self._style, PLAIN_TEXT.format(count=count, same=same), transcript, call)
+            elif count == lowest:
                 text = GENTLE_TEXT
             else:
                 text = DETAILED_TEXT.format(

@@ -51,6 +51,7 @@ from proxy.core.transcript import ToolCall, ToolResult, Transcript
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import call_memo, memoized, remind_after_step
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "repeated_failure"
 ARGUMENTS_PREVIEW_CHARS = 300
@@ -71,6 +72,23 @@ REISSUE_TEXT = (
     "Repeating it unchanged will not give a different result. Change the arguments or the "
     "approach{respect}, or tell the user what is blocking you."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): no tool, target,
+#: arguments or error quoted (an error line may echo the arguments).
+PLAIN_FAILING_TEXT = (
+    "[loopguard] Your calls with one tool on one target have now failed {count} times in a row, "
+    "the same way each time. Trying again the same way will fail the same way."
+)
+PLAIN_FAILING_CLOSE = (
+    "Read the error and fix its cause first (re-check your assumptions), change your approach, or "
+    "tell the user what is blocking you."
+)
+PLAIN_REISSUE_TEXT = (
+    "[loopguard] You made the same call again, with the exact same arguments and nothing changed "
+    "in between, and it {outcome} again with the same result as the last time. Repeating it "
+    "unchanged will not give a different result.{respect}"
+)
+PLAIN_REISSUE_CLOSE = "Change the arguments or the approach, or tell the user what is blocking you."
+PLAIN_RESPECT = " The user rejected it: do what they asked instead."
 
 
 class RepeatedFailure:
@@ -85,6 +103,7 @@ class RepeatedFailure:
         "_patterns",
         "_rejections",
         "_situations",
+        "_style",
         "_targets",
     )
 
@@ -99,7 +118,9 @@ class RepeatedFailure:
         targets: TargetRule | None = None,
         failure_patterns: tuple[str, ...] = DEFAULT_FAILURE_PATTERNS,
         situations: Situations | None = None,
+        style: Style = QUOTE,
     ) -> None:
+        self._style = style
         self._situations = situations or Situations()
         self._memo: Memo[tuple[str, str], tuple[str, str | None]] = call_memo()
         self._cfg = cfg
@@ -212,31 +233,44 @@ class RepeatedFailure:
             same = s.judge.repeats(key, call.result, call.seq) if cfg.reissue else False
             text = None
             count = 0
+            limit = cfg.failures
+            style = self._style
             if cfg.reissue and prev is not None and prev[0] and same and not reminded:
                 assert before is not None
-                text = REISSUE_TEXT.format(
-                    outcome="was rejected by the user" if prev[1] else "failed",
-                    tool=call.name,
-                    arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
-                    error=self.error_line(before.result),
-                    respect=" (the user rejected it: do what they asked instead)" if prev[1] else "",
-                )
-                count = run
+                outcome = "was rejected by the user" if prev[1] else "failed"
+                respect = " (the user rejected it: do what they asked instead)" if prev[1] else ""
+                if style != QUOTE:
+                    plain = PLAIN_REISSUE_TEXT.format(
+                        outcome=outcome, respect=PLAIN_RESPECT if prev[1] else ""
+                    )
+                    text = speak(style, plain, transcript, call, PLAIN_REISSUE_CLOSE)
+                else:
+                    text = REISSUE_TEXT.format(
+                        outcome=outcome,
+                        tool=call.name,
+                        arguments=preview(key[1], ARGUMENTS_PREVIEW_CHARS),
+                        error=self.error_line(before.result),
+                        respect=respect,
+                    )
+                count, limit = run, 2
                 reminded = True
             elif cfg.failures and failed is True and s.runs[on] == cfg.failures and not (prev and prev[0]):
                 count = s.runs[on]
-                target = preview(where, 120) if where else ""
-                on_target = target and target != call.name  # SWE-agent's "edit" is its own target
-                text = FAILING_TEXT.format(
-                    subject=f"{on[0]} on {target}" if on_target else on[0],
-                    about=f" about {target}" if on_target else "",
-                    count=count,
-                    error=self.error_line(call.result),
-                )
+                if style != QUOTE:
+                    plain = PLAIN_FAILING_TEXT.format(count=count)
+                    text = speak(style, plain, transcript, call, PLAIN_FAILING_CLOSE)
+                else:
+                    target = preview(where, 120) if where else ""
+                    on_target = target and target != call.name  # SWE-agent's "edit" is its own target
+                    text = FAILING_TEXT.format(
+                        subject=f"{on[0]} on {target}" if on_target else on[0],
+                        about=f" about {target}" if on_target else "",
+                        count=count,
+                        error=self.error_line(call.result),
+                    )
             s.last[key] = (call.seq, run, reminded)
             if text is None:
                 continue
-            limit = 2 if text.startswith(REISSUE_TEXT[:30]) else cfg.failures
             action = remind_after_step(transcript, call, text, RULE, count, limit, self._delivery)
             if action is not None:
                 actions.append(action)

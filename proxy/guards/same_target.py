@@ -55,6 +55,7 @@ from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
 from proxy.guards.turns import call_memo, known, memoized, remind_after_step
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "same_target"
 PREVIEW_CHARS = 300
@@ -78,12 +79,33 @@ FAILED_TEXT = (
     "(for an edit: read the file again, as it is now), do something different, or tell the user "
     "what is blocking you."
 )
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): no tool, target,
+#: arguments or error quoted (a failure shape may echo the arguments).
+PLAIN_TEXT = (
+    "[loopguard] You have made {count} calls in a row on the same tool and target, with arguments "
+    "that changed, and they returned the same result each time. Changing the arguments this way "
+    "does not change the result."
+)
+PLAIN_FAILED_TEXT = (
+    "[loopguard] You have made {count} calls in a row on the same tool and target, with arguments "
+    "that changed, and they failed the same way each time. Changing the arguments this way does "
+    "not fix it."
+)
+#: plain's closing lines, for a run of the same result and of the same failure (redirect closes
+#: with :func:`proxy.guards.wording.instead`)
+PLAIN_CLOSE = (
+    "Use the result you already have, do something different, or tell the user what is blocking you."
+)
+PLAIN_FAILED_CLOSE = (
+    "Read the error and check its cause first (for an edit: read the file again, as it is now), do "
+    "something different, or tell the user what is blocking you."
+)
 
 
 class SameTarget:
     """Guard callable: ``SameTarget(cfg)(transcript, ctx) -> list[Remind]``."""
 
-    __slots__ = ("_cfg", "_delivery", "_ignore", "_memo", "_situations", "_targets", "_thresholds")
+    __slots__ = ("_cfg", "_delivery", "_ignore", "_memo", "_situations", "_style", "_targets", "_thresholds")
 
     name = RULE
     #: only reminds: the response-side stop check need not ask it (proxy.response.decide.StopJudge)
@@ -96,8 +118,10 @@ class SameTarget:
         targets: TargetRule | None = None,
         situations: Situations | None = None,
         ignore_args: Sequence[str] = (),
+        style: Style = QUOTE,
     ) -> None:
         self._cfg = cfg
+        self._style = style
         self._ignore = frozenset(ignore_args)  # repeat_reminder's: what "the same call" means
         self._delivery = delivery
         self._targets = targets or TargetRule()
@@ -168,15 +192,21 @@ class SameTarget:
             if not s.due or call.seq != transcript.steps[call.step].calls[-1]:
                 continue
             limit, s.due = s.due, 0
-            tool, target = on
-            subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
-            text = (TEXT if s.shape is None else FAILED_TEXT).format(
-                subject=subject,
-                count=run,
-                tool=call.name,
-                arguments=preview(_args(call), PREVIEW_CHARS),
-                error=preview(s.shape or "", PREVIEW_CHARS),
-            )
+            if self._style != QUOTE:
+                plain, close = (
+                    (PLAIN_TEXT, PLAIN_CLOSE) if s.shape is None else (PLAIN_FAILED_TEXT, PLAIN_FAILED_CLOSE)
+                )
+                text = speak(self._style, plain.format(count=run), transcript, call, close)
+            else:
+                tool, target = on
+                subject = f"{tool} on {preview(target, 120)}" if target and target != tool else tool
+                text = (TEXT if s.shape is None else FAILED_TEXT).format(
+                    subject=subject,
+                    count=run,
+                    tool=call.name,
+                    arguments=preview(_args(call), PREVIEW_CHARS),
+                    error=preview(s.shape or "", PREVIEW_CHARS),
+                )
             action = remind_after_step(transcript, call, text, RULE, run, limit, self._delivery)
             if action is not None:
                 actions.append(action)

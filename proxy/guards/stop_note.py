@@ -34,6 +34,7 @@ from proxy.core.actions import Action, Remind, Withhold
 from proxy.core.harness_replies import is_harness_reply
 from proxy.core.transcript import Transcript
 from proxy.guards.escalation import RULE as ESCALATION
+from proxy.guards.wording import QUOTE, Style, speak
 
 RULE = "stop_note"
 
@@ -42,6 +43,16 @@ TEXT = (
     "withheld {results}), so loopguard ended its turn; a reply that makes such a call again is "
     "replaced by this stop and the call is not run. Do not call {tool} for this again: use the "
     "results you already have, try a different approach, or finish and say what is blocking you."
+)
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): without the tool's name.
+PLAIN_TEXT = (
+    "[loopguard] Stopped: the model kept making calls that got nowhere ({denials} withheld {results}), so "
+    "loopguard ended its turn; a reply that makes such a call again is replaced by this stop and the call "
+    "is not run."
+)
+PLAIN_CLOSE = (
+    "Do not make that call again: use the results you already have, try a different approach, or finish "
+    "and say what is blocking you."
 )
 
 
@@ -52,7 +63,7 @@ def stop_note_for(cfg: Config) -> StopNote | None:
         return None
     ladder = cfg.guards.escalation.enabled and cfg.guards.escalation.stop
     after = cfg.stop.after_ignored_denials
-    return StopNote(after, ladder) if after > 0 or ladder else None
+    return StopNote(after, ladder, cfg.recovery.reminders) if after > 0 or ladder else None
 
 
 class StopNote:
@@ -60,15 +71,16 @@ class StopNote:
     stop ladder's ``stop.after_ignored_denials`` (0: off), ``ladder``: the escalation ladder's
     withheld result stops. Reads ``ctx.prior`` (the withheld results)."""
 
-    __slots__ = ("_after", "_ladder")
+    __slots__ = ("_after", "_ladder", "_style")
 
     name = RULE
     reads_prior = True
     withholds = False
 
-    def __init__(self, after: int, ladder: bool = False) -> None:
+    def __init__(self, after: int, ladder: bool = False, style: Style = QUOTE) -> None:
         self._after = after
         self._ladder = ladder
+        self._style = style
 
     def __call__(self, transcript: Transcript, ctx: object = None) -> list[Action]:
         # the user messages and whether each is a harness reply: without a reply there is no
@@ -101,12 +113,19 @@ class StopNote:
             k = bisect.bisect_right(calls, last.position)
             if k < len(calls) and calls[k] < said.position:
                 continue  # a call ran after that withheld result: the answer was no stop
+            results = "result" if hi - lo == 1 else "results"
+            # the call whose result was withheld: the last one before that result with its id
+            tc = transcript.calls
+            call = next((tc[j] for j in range(k - 1, -1, -1) if tc[j].call_id == last.call_id), None)
+            if self._style != QUOTE and call is not None:
+                plain = PLAIN_TEXT.format(denials=hi - lo, results=results)
+                text = speak(self._style, plain, transcript, call, PLAIN_CLOSE)
+            else:
+                text = TEXT.format(tool=last.tool, denials=hi - lo, results=results)
             out.append(
                 Remind(
                     after=said.position,
-                    text=TEXT.format(
-                        tool=last.tool, denials=hi - lo, results="result" if hi - lo == 1 else "results"
-                    ),
+                    text=text,
                     rule=RULE,
                     tool=last.tool,
                     count=hi - lo,

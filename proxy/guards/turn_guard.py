@@ -55,6 +55,7 @@ from proxy.core.transcript import ToolCall, Transcript
 from proxy.core.waits import is_wait
 from proxy.guards.repeat_reminder import preview
 from proxy.guards.resume import unread
+from proxy.guards.wording import QUOTE, Style
 
 RULE = "turn_guard"
 SAME_CALL = "same_call"
@@ -74,6 +75,14 @@ EVIDENCE = {
     SAME_TARGET: "this is call {count} on {target} in this turn.",
     FAILURES: "the last {count} tool results in this turn were failures.",
     TURN_CALLS: "this is tool call {count} in this turn.",
+}
+#: ``recovery.reminders: plain | redirect`` (:mod:`proxy.guards.wording`): the evidence without
+#: the tool, its arguments or the target (the rest of the text names no call: the same in every
+#: style, and it already says what to do instead: answer the user).
+PLAIN_EVIDENCE = {
+    **EVIDENCE,
+    SAME_CALL: "you have now made this same call {count} times in this turn.",
+    SAME_TARGET: "this is call {count} on the same target in this turn.",
 }
 LIMITS = {
     SAME_CALL: "{limit} identical calls per turn",
@@ -108,10 +117,14 @@ class Trip:
     target: str | None
     muted: bool
 
-    def text(self) -> str:
+    def text(self, style: Style = QUOTE) -> str:
+        """The denial text in ``style`` (``recovery.reminders``)."""
         limits = LIMITS[self.reason].format(limit=self.limit)
         if self.muted:
             return MUTED_TEXT.format(limits=limits)
+        if style != QUOTE:
+            evidence = PLAIN_EVIDENCE[self.reason].format(count=self.count)
+            return TRIP_TEXT.format(evidence=evidence, limits=limits, key=LIMIT_KEYS[self.reason])
         target = preview(self.target, TARGET_PREVIEW_CHARS) if self.target else ""
         evidence = EVIDENCE[self.reason].format(count=self.count, tool=self.call.name, target=target)
         return TRIP_TEXT.format(evidence=evidence, limits=limits, key=LIMIT_KEYS[self.reason])
@@ -174,12 +187,15 @@ def _fold(run: int, flags: Sequence[bool | None]) -> int:
 class TurnGuard:
     """Guard callable: ``TurnGuard(cfg)(transcript, ctx) -> list[Withhold]``."""
 
-    __slots__ = ("_cfg", "_failures", "_ignore", "_memo", "_situations", "_targets")
+    __slots__ = ("_cfg", "_failures", "_ignore", "_memo", "_situations", "_style", "_targets")
 
     name = RULE
 
-    def __init__(self, cfg: TurnGuardConfig, situations: Situations | None = None) -> None:
+    def __init__(
+        self, cfg: TurnGuardConfig, situations: Situations | None = None, style: Style = QUOTE
+    ) -> None:
         self._cfg = cfg
+        self._style = style
         self._situations = situations or Situations()
         self._targets = TargetRule(overrides=cfg.targets)
         self._failures = FailureRule(cfg.failure_patterns) if cfg.max_failures else None
@@ -233,7 +249,7 @@ class TurnGuard:
                     position=call.result.position,
                     part=call.result.part,
                     call_id=call.call_id,
-                    text=trip.text(),
+                    text=trip.text(self._style),
                     rule=RULE,
                     tool=call.name,
                     count=trip.count,

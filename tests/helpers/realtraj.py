@@ -76,12 +76,15 @@ def quiet_logs() -> Iterator[None]:
 
 
 async def replay_runs(
-    runs: Sequence[dict[str, Any]], stream: bool = False, dialect: str = "chat"
+    runs: Sequence[dict[str, Any]],
+    stream: bool = False,
+    dialect: str = "chat",
+    config: dict[str, Any] | None = None,
 ) -> list[Replay]:
-    """Each run replayed through a fresh proxy with the shipped default config, in ``dialect``
-    (:data:`tests.helpers.corpus.WIRES`)."""
+    """Each run replayed through a fresh proxy with ``config`` (a dict; None: the shipped default
+    config), in ``dialect`` (:data:`tests.helpers.corpus.WIRES`)."""
     with quiet_logs():
-        return [await replay(run, None, stream, dialect) for run in runs]
+        return [await replay(run, config, stream, dialect) for run in runs]
 
 
 # --- judging ------------------------------------------------------------------------------------------

@@ -140,16 +140,21 @@ class SessionReplay:
         return [v for r in self.replays for v in fact_violations(r)]
 
 
-async def replay_session(session: dict[str, Any], stream: bool = False) -> SessionReplay:
-    """Every conversation of ``session`` through a fresh proxy with the shipped default config."""
+async def replay_session(
+    session: dict[str, Any], stream: bool = False, config: dict[str, Any] | None = None
+) -> SessionReplay:
+    """Every conversation of ``session`` through a fresh proxy with ``config`` (a dict; None: the
+    shipped default config)."""
     wire = NATIVE_WIRES[session["dialect"]]
-    done = [await replay(fx, None, stream, wire, final=False) for fx in conversations(session)]
+    done = [await replay(fx, config, stream, wire, final=False) for fx in conversations(session)]
     return SessionReplay(session, tuple(done))
 
 
-async def replay_sessions(sessions: Sequence[dict[str, Any]], stream: bool = False) -> list[SessionReplay]:
+async def replay_sessions(
+    sessions: Sequence[dict[str, Any]], stream: bool = False, config: dict[str, Any] | None = None
+) -> list[SessionReplay]:
     with quiet_logs():
-        return [await replay_session(s, stream) for s in sessions]
+        return [await replay_session(s, stream, config) for s in sessions]
 
 
 # --- judging ---------------------------------------------------------------------------------------

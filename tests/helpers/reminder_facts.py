@@ -611,9 +611,211 @@ def same_target(history: Sequence[Message], text: str) -> list[str]:
     return out
 
 
+# --- recovery.reminders: plain and redirect ------------------------------------------------------
+# A plain text claims what its quoting text claims about the history's last call, without naming it:
+# each is checked as the quoting text that names the last call (its tool, arguments, target, error
+# line) would be. redirect's closing lines are checked on their own: the tools it says were not used
+# since the user's last message were not.
+
+_REDIRECT = re.compile(
+    r"(?s)\nWhat those calls returned is already above: use it instead of asking for it again\."
+    r"(?: Tools you have not used since the user's last message: (?P<names>[^\n]*?)\.)? If you have what "
+    r"you need, answer the user now with what you know; if not, say what is blocking you\.$"
+)
+
+
+def _first_line(result: str | None) -> str:
+    lines = [ln.strip() for ln in (result or "").splitlines() if ln.strip()]
+    return lines[0] if lines else "(empty result)"
+
+
+def _as_quoted(
+    history: Sequence[Message],
+    text: str,
+    quote: Callable[[Call, re.Match[str]], str],
+    plain: re.Pattern[str],
+    check: Checker,
+) -> list[str]:
+    """Check plain ``text`` (read by ``plain``) as the quoting text ``quote`` writes for the
+    history's last call; redirect's closing lines checked too."""
+    out = []
+    m = _REDIRECT.search(text)
+    if m is not None:
+        calls = calls_of(history)
+        used = {c.name for c in this_turn(history, calls)}
+        said = [n for n in (m["names"] or "").split(", ") if n]
+        out += [f"not used since the user's last message: {n} was" for n in said if n in used]
+    p = plain.match(text)
+    if p is None:
+        return [*out, f"cannot read the plain text: {shown(text)}"]
+    calls = calls_of(history)
+    if not calls:
+        return [*out, "no tool calls before it"]
+    return [*out, *check(history, quote(calls[-1], p))]
+
+
+def _shape(call: Call) -> str:
+    return agents.failure_shape(call.name, call.result or "") or ""
+
+
+def _template(call: Call) -> str:
+    if isinstance(call.parsed, dict | list):
+        return canonical_arguments(_unquoted(call.parsed, []), None)
+    return canonical_arguments(call.parsed, call.raw)
+
+
+def _previous_result(history: Sequence[Message], call: Call) -> str | None:
+    calls = calls_of(history)
+    before = [c for c in calls[:-1] if (c.name, c.arguments) == (call.name, call.arguments)]
+    return before[-1].result if before else call.result
+
+
+#: kind → (the plain text's pattern, the quoting text it stands for (of the last call and the
+#: match; None: built by its own checker), the quoting text's checker)
+_PLAIN: dict[str, tuple[re.Pattern[str], Callable[..., str] | None, Checker]] = {
+    "repeat": (
+        re.compile(
+            r"\[loopguard\] You have made the same tool call (?P<n>\d+) times in a row, and it returned the "
+            r"same result each time\.\n"
+        ),
+        lambda c, m: (
+            f"[loopguard] You are repeating the same tool call without making progress.\n- tool: {c.name}\n"
+            f"- consecutive_calls: {m['n']}\n- arguments: {c.arguments}\nDo not call this tool"
+        ),
+        repeat_reminder_detailed,
+    ),
+    "same_target": (
+        re.compile(
+            r"\[loopguard\] You have made (?P<n>\d+) calls in a row on the same tool and target, with "
+            r"arguments "
+            r"that changed, and they (?P<how>returned the same result|failed the same way) each time\."
+        ),
+        lambda c, m: (
+            f"[loopguard] You called {_subject_of(c)} {m['n']} times in a row, with different arguments "
+            "each time, "
+            + (
+                "and it returned the same result each time."
+                if m["how"].startswith("returned")
+                else f"and it failed the same way each time:\n  {_shape(c)}"
+            )
+            + f"\n- tool: {c.name}\n- last arguments: {c.arguments}\nChanging the arguments"
+        ),
+        same_target,
+    ),
+    "recurrence": (
+        re.compile(
+            r"\[loopguard\] You keep coming back to the same tool call: (?P<n>\d+) times in your last "
+            r"(?P<span>\d+) calls, and it returned the same result each time\."
+        ),
+        lambda c, m: (
+            f"[loopguard] You keep coming back to the same tool call: {c.name} with the same arguments, "
+            f"{m['n']} times in your last {m['span']} calls, and it returned the same result each time.\n"
+            f"- tool: {c.name}\n- arguments: {c.arguments}\nCalling it again"
+        ),
+        recurrence,
+    ),
+    "failing": (
+        re.compile(
+            r"\[loopguard\] Your calls with one tool on one target have now failed (?P<n>\d+) times in a "
+            r"row, the same way each time\."
+        ),
+        lambda c, m: (
+            f"[loopguard] {_subject_of(c)} has now failed {m['n']} times in a row. The last error:\n"
+            f"  {_first_line(c.result)}\nTrying again the same way"
+        ),
+        failing_run,
+    ),
+    "cycle": (
+        re.compile(
+            r"\[loopguard\] You are going in circles: the same (?P<p>\d+) steps have now repeated "
+            r"(?P<n>\d+) times "
+            r"in a row, and the last round gave the same results as the round before\. Another round"
+        ),
+        None,  # needs the last round's calls: built in _plain_cycle
+        cycle,
+    ),
+    "echo": (
+        re.compile(
+            r"\[loopguard\] Your last (?P<n>\d+) calls ran the same command with only a quoted text changed, "
+            r"and each output just echoed that text back\."
+        ),
+        lambda c, m: (
+            f"[loopguard] Your last {m['n']} calls ran the same {c.name} command with only a quoted text "
+            "changed, and each output just echoed that text back:\n"
+            f"- template: {_template(c)}\nNothing new is coming back"
+        ),
+        echo,
+    ),
+}
+
+
+def _plain_checker(kind: str) -> Checker:
+    plain, quote, check = _PLAIN[kind]
+    assert quote is not None
+
+    def checker(history: Sequence[Message], text: str) -> list[str]:
+        return _as_quoted(history, text, quote, plain, check)
+
+    checker.__name__ = f"plain_{kind}"
+    return checker
+
+
+def plain_cycle(history: Sequence[Message], text: str) -> list[str]:
+    """A plain cycle text, checked as the quoting one that lists the last round's calls."""
+    plain, _, check = _PLAIN["cycle"]
+    m = plain.match(text)
+    calls = calls_of(history)
+    if m is None or len(calls) < int(m["p"]):
+        return [f"cannot read the plain cycle text: {shown(text)}"]
+    last = calls[-int(m["p"]) :]
+    steps = "\n".join(f"  {k}. {c.name} {preview(step_of(c), 120)}" for k, c in enumerate(last, 1))
+
+    def quote(_: Call, p: re.Match[str]) -> str:
+        return (
+            f"[loopguard] You are going in circles: the same {p['p']} steps have now repeated {p['n']} "
+            "times in a "
+            f"row, and the last round gave the same results as the round before:\n{steps}\nAnother round"
+        )
+
+    return _as_quoted(history, text, quote, plain, check)
+
+
+def plain_reissue(history: Sequence[Message], text: str) -> list[str]:
+    """A plain re-issue text, checked as the quoting one about the last call (its result line the
+    first line of the previous such call's result)."""
+    plain = re.compile(
+        r"\[loopguard\] You made the same call again, with the exact same arguments and nothing changed in "
+        r"between, and it (?P<outcome>failed|was rejected by the user) again with the same result as the "
+        r"last "
+        r"time\. Repeating it unchanged"
+    )
+
+    def quote(c: Call, m: re.Match[str]) -> str:
+        return (
+            "[loopguard] You made the same call again, with the exact same arguments and nothing changed in "
+            f"between, and it {m['outcome']} again with the same result as the last time.\n- tool: {c.name}\n"
+            f"- arguments: {c.arguments}\n- result: {_first_line(_previous_result(history, c))}\n"
+            "Repeating it unchanged"
+        )
+
+    return _as_quoted(history, text, quote, plain, reissued_failure)
+
+
 #: Opening words of each reminder text (a regular expression matched at the text's start) → its
 #: checker. The first entry that matches is used.
 CHECKERS: dict[str, Checker] = {
+    # plain and redirect (recovery.reminders) before the quoting texts whose openings they share
+    r"\[loopguard\] You have made the same tool call \d+ times in a row": _plain_checker("repeat"),
+    r"\[loopguard\] You have made \d+ calls in a row on the same tool and target": _plain_checker(
+        "same_target"
+    ),
+    r"\[loopguard\] You keep coming back to the same tool call: \d+ times": _plain_checker("recurrence"),
+    r"\[loopguard\] Your calls with one tool on one target have now failed": _plain_checker("failing"),
+    r"\[loopguard\] You are going in circles: [^\n]*? the round before\. Another round": plain_cycle,
+    r"\[loopguard\] Your last \d+ calls ran the same command with only a quoted text changed": _plain_checker(
+        "echo"
+    ),
+    r"\[loopguard\] You made the same call again, [^\n]*? the last time\. Repeating it": plain_reissue,
     r"\[loopguard\] You are repeating the same tool call without making progress\.": repeat_reminder_detailed,
     re.escape(_GENTLE): repeat_reminder_gentle,
     r"\[loopguard\] You keep coming back to the same tool call: ": recurrence,

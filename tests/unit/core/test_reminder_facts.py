@@ -136,6 +136,49 @@ SAME_TARGET = (
     "have, do something different, or tell the user what is blocking you."
 )
 
+#: recovery.reminders plain and redirect (proxy.guards.wording)
+STOP = "\nDo not make that call again: change your approach, or tell the user what is blocking you."
+INSTEAD = (
+    "\nWhat those calls returned is already above: use it instead of asking for it again. Tools you have "
+    "not used since the user's last message: {names}. If you have what you need, answer the user now with "
+    "what you know; if not, say what is blocking you."
+)
+PLAIN_REPEAT = (
+    "[loopguard] You have made the same tool call {n} times in a row, and it returned the same result each "
+    "time."
+)
+PLAIN_SAME_TARGET = (
+    "[loopguard] You have made {n} calls in a row on the same tool and target, with arguments that changed, "
+    "and "
+    "they returned the same result each time. Changing the arguments this way does not change the result."
+    + STOP
+)
+PLAIN_RECURRENCE = (
+    "[loopguard] You keep coming back to the same tool call: {n} times in your last {m} calls, and it "
+    "returned "
+    "the same result each time. Calling it again will not tell you anything new." + STOP
+)
+PLAIN_FAILING = (
+    "[loopguard] Your calls with one tool on one target have now failed {n} times in a row, the same way "
+    "each "
+    "time. Trying again the same way will fail the same way." + STOP
+)
+PLAIN_REISSUE = (
+    "[loopguard] You made the same call again, with the exact same arguments and nothing changed in between, "
+    "and it failed again with the same result as the last time. Repeating it unchanged will not give a "
+    "different result." + STOP
+)
+PLAIN_CYCLE = (
+    "[loopguard] You are going in circles: the same {p} steps have now repeated 3 times in a row, and the "
+    "last "
+    "round gave the same results as the round before. Another round will end the same way." + STOP
+)
+PLAIN_ECHO = (
+    "[loopguard] Your last 3 calls ran the same command with only a quoted text changed, and each output "
+    "just "
+    "echoed that text back. Nothing new is coming back: each output is only the text you put in." + STOP
+)
+
 
 def _drift(note: str, result: str = "x = 1") -> tuple[str, str, str]:
     return ("read_file", orjson.dumps({"path": "t.py", "note": note}).decode(), result)
@@ -430,6 +473,92 @@ CASES = [
         [
             "only a quoted text changed: calls 1 and 2 of the last 3 are the same",
             "only a quoted text changed: the last 3 calls differ in more than a quoted text",
+            "each output just echoed that text back: call 2 of the last 3 did not",
+        ],
+    ),
+    # recovery.reminders: plain and redirect, checked as the quoting text about the last call
+    ("plain_repeat", _history(PWD, PWD, PWD), PLAIN_REPEAT.format(n=3) + STOP, []),
+    (
+        "plain_repeat",
+        _history(READ, PWD, PWD, PWD),
+        PLAIN_REPEAT.format(n=3) + INSTEAD.format(names="edit"),
+        [],
+    ),
+    (
+        "plain_repeat",
+        _history(READ, PWD, PWD, PWD),
+        PLAIN_REPEAT.format(n=4) + INSTEAD.format(names="edit, read_file"),
+        [
+            "not used since the user's last message: read_file was",
+            "tool: bash: the last 4 calls include read_file",
+            'arguments: the last 4 calls include other arguments: {"path":"./t.py"}',
+            "without making progress: the last 4 calls did not all return the same result",
+        ],
+    ),
+    (
+        "plain_same_target",
+        _history(PWD, _drift("a"), _drift("b"), _drift("c")),
+        PLAIN_SAME_TARGET.format(n=3),
+        [],
+    ),
+    (
+        "plain_same_target",
+        _history(_drift("a"), _drift("a"), PWD, _drift("a", "x = 2")),
+        PLAIN_SAME_TARGET.format(n=3),
+        [
+            "3 times in a row: call 2 of the last 3 is not on read_file on t.py",
+            "the same result each time: the last 3 calls did not all return the same result",
+        ],
+    ),
+    ("plain_recurrence", _history(PWD, LS, PWD, LS_AT, PWD, LS), PLAIN_RECURRENCE.format(n=3, m=5), []),
+    (
+        "plain_recurrence",
+        _history(LS, PWD, LS_NEW, PWD, LS_NEW),
+        PLAIN_RECURRENCE.format(n=3, m=5),
+        ["the same result each time: those 3 calls did not all return the same result"],
+    ),
+    ("plain_failing", _history(RUN, RUN, RUN), PLAIN_FAILING.format(n=3), []),
+    (
+        "plain_failing",
+        _history(RUN, ("bash", '{"command": "python t.py"}', "ok"), RUN),
+        PLAIN_FAILING.format(n=3),
+        ["failed 3 times in a row: call 2 of the last 3 on bash on python t.py did not fail"],
+    ),
+    ("plain_reissue", _history(RUN, RUN), PLAIN_REISSUE, []),
+    (
+        "plain_reissue",
+        _history(RUN, WRITE, RUN),
+        PLAIN_REISSUE,
+        ['nothing changed in between: write_file {"content":"x = 1","path":"t.py"} may have changed it'],
+    ),
+    ("plain_cycle", _history(PWD, RUN, READ, RUN, READ, RUN, READ), PLAIN_CYCLE.format(p=2), []),
+    (
+        "plain_cycle",
+        _history(RUN, READ, RUN, READ, RUN, ("read_file", '{"path": "t.py"}', "x = 2")),
+        PLAIN_CYCLE.format(p=2),
+        ["the same results as the round before: step 2 got another result"],
+    ),
+    (
+        "plain_echo",
+        _history(
+            PWD,
+            _echo("echo 'hello world'", "hello world\n"),
+            _echo("echo 'hi there'", "hi there\n"),
+            _echo("echo 'bye now'", "bye now\n"),
+        ),
+        PLAIN_ECHO,
+        [],
+    ),
+    (
+        "plain_echo",
+        _history(
+            _echo("echo 'hello world'", "hello world\n"),
+            _echo("echo 'hello world'", "hello world\n"),
+            _echo("echo 'bye now'", "bye now\n"),
+        ),
+        PLAIN_ECHO,
+        [
+            "only a quoted text changed: calls 1 and 2 of the last 3 are the same",
             "each output just echoed that text back: call 2 of the last 3 did not",
         ],
     ),
