@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.core.actions import Action, Cut, Repair, Stop, Withhold
+from proxy.core.actions import Action, Cut, Fold, Repair, Stop, Withhold
+from proxy.core.collapse import breaks_prefix
 from proxy.edge.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -125,6 +126,9 @@ def action_summary(a: Action) -> dict[str, Any]:
         out["reason"] = a.reason
     if isinstance(a, Stop):
         out.update(a.evidence)  # what count and limit count, each figure named
+    if isinstance(a, Fold):  # the steps it folded (first, last) and the positions left out
+        out["steps"] = list(a.steps)
+        out["folded_steps"] = a.count - 1
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
     if a.observed:
@@ -183,10 +187,22 @@ class Stats:
     backend_errors: Counter[str] = field(default_factory=Counter)
     #: capture lines that could not be written (``capture.path``: disk full, file removed, …)
     capture_write_errors: int = 0
+    #: ``recovery.collapse`` (:mod:`proxy.core.collapse`), over every fold of a request, fresh or
+    #: not: requests whose upstream body had a fold, steps left out of them, and requests where
+    #: a fold began at a step the conversation's previous request sent unfolded (the upstream's
+    #: prefix cache broke there: :func:`proxy.core.collapse.breaks_prefix`)
+    collapsed_requests: int = 0
+    folded_steps: int = 0
+    prefix_breaks: int = 0
 
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
+        folded = broke = False
         for a in actions:
+            if isinstance(a, Fold) and not a.observed:
+                folded = True
+                self.folded_steps += a.count - 1
+                broke = broke or breaks_prefix(a)
             if not a.fresh:
                 continue
             self.per_rule[a.rule] += 1
@@ -209,6 +225,8 @@ class Stats:
             elif isinstance(a, Repair):
                 self.responses_repaired += 1
                 self.text_calls_repaired += a.count
+        self.collapsed_requests += folded
+        self.prefix_breaks += broke
 
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
@@ -245,4 +263,9 @@ class Stats:
             "unguarded_responses": dict(sorted(self.unguarded_responses.items())),
             "state_backend_errors": dict(sorted(self.backend_errors.items())),
             "incidents": [i.as_dict() for i in self.incidents],
+            "recovery": {
+                "collapsed_requests": self.collapsed_requests,
+                "folded_steps": self.folded_steps,
+                "prefix_breaks": self.prefix_breaks,
+            },
         }
