@@ -47,8 +47,9 @@ class Wire:
 def _chat_step(i: int, call: tuple[str, dict[str, Any], str]) -> list[Any]:
     name, args, result = call
     fn = {"name": name, "arguments": orjson.dumps(args).decode()}
+    call = {"id": f"c{i}", "type": "function", "function": fn}
     return [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function", "function": fn}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": f"c{i}", "content": result},
     ]
 
@@ -128,8 +129,10 @@ WIRES = {
         _messages_noted,
     ),
     "gemini": Wire(
-        lambda stream: "/v1beta/models/gemini-2.5-pro:"
-        + ("streamGenerateContent?alt=sse" if stream else "generateContent"),
+        lambda stream: (
+            "/v1beta/models/gemini-2.5-pro:"
+            + ("streamGenerateContent?alt=sse" if stream else "generateContent")
+        ),
         lambda items, stream: {
             "contents": items,
             "tools": [{"functionDeclarations": [{"name": "read_file", "parameters": TOOLS_SCHEMA}]}],
