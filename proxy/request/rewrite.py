@@ -171,7 +171,7 @@ def decide_request(
     actions = mark_observed(done.actions, observed)
     if collapse is not None and chained is None:
         withheld = {a.position for a in applied(actions, observed) if isinstance(a, Withhold)}
-        actions += collapsing.folds(history.transcript, collapse, withheld)
+        actions += mark_observed(collapsing.folds(history.transcript, collapse, withheld), observed)
     continued = link.entry if link is not None else None
     written = write(raw, dialect, located, history, applied(actions, observed), continued)
     if prefixes is not None:

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
+from proxy.config import Config, build
 from proxy.core.actions import Fold, Remind, Withhold
 from proxy.core.collapse import NOTE, NOTE_WITHHELD, RULE, Collapse, breaks_prefix, folds, runs
 from proxy.core.progress import compile_masks
-from proxy.dialects import anthropic_messages, edits, openai_chat
+from proxy.core.effects import progress_rules
+from proxy.dialects import anthropic_messages, edits, openai_chat, openai_responses
+from proxy.guards import build_guards
+from proxy.request.response_store import Entry
+from proxy.request.rewrite import decide_request
 from tests.helpers.agent_steps import History
+from tests.helpers.fakes import repeated_call_messages
+from tests.helpers.responses_items import responses_body
+
+CFG = build(Config, {})
+GUARDS = build_guards(CFG.guards, *progress_rules(CFG.progress))
 
 READ = ("read_file", {"path": "a.py"}, "x = 1")
 OTHER = ("read_file", {"path": "b.py"}, "y = 2")
@@ -152,3 +163,29 @@ def test_slotted_folds_remove_whole_messages_only() -> None:
     assert edits.fold_items([fold], layout) == [Fold(2, 3, 4, "note", RULE, "read", 2, 2, True)]
     # the last result shares its message with the user's own text: not removed
     assert edits.fold_items([fold], [*layout, Slot(4, None, "user")]) == []
+
+
+def test_a_chained_responses_request_is_not_folded_and_its_whole_body_is() -> None:
+    """A request continuing ``previous_response_id``: the run is in the upstream's stored copy,
+    which the proxy cannot change, so nothing folds; the same items in the body fold."""
+    items = responses_body(repeated_call_messages(5))["input"]
+    kept = orjson.dumps(items[:-1])
+    entry = Entry((kept,), len(items) - 1, len(kept))
+    chained = orjson.dumps({"model": "m", "previous_response_id": "resp_1", "input": items[-1:]})
+    collapse = Collapse(3)
+    d = decide_request(
+        chained, {}, GUARDS, (), dialect=openai_responses, previous=lambda rid: entry, collapse=collapse
+    )
+    assert d.transcript is not None and len(d.transcript.calls) == 5
+    assert not any(isinstance(a, Fold) for a in d.actions)
+    whole = orjson.dumps({"model": "m", "input": items})
+    d = decide_request(whole, {}, GUARDS, (), dialect=openai_responses, collapse=collapse)
+    assert [a.count for a in d.actions if isinstance(a, Fold)] == [5]
+
+
+def test_observed_folds_are_decided_and_change_no_byte() -> None:
+    raw = orjson.dumps({"model": "m", "messages": History().steps([READ] * 4).messages})
+    d = decide_request(raw, {}, GUARDS, (), collapse=Collapse(3), observed=frozenset({RULE}))
+    (fold,) = [a for a in d.actions if isinstance(a, Fold)]
+    assert fold.observed and fold.count == 4
+    assert NOTE[:20].encode() not in d.body
