@@ -136,6 +136,10 @@ def action_summary(a: Action) -> dict[str, Any]:
     return out
 
 
+#: The action kinds ``observed`` counts in :meth:`Stats.snapshot`, in order.
+OBSERVED_KINDS = ("remind", "withhold", "stop", "cut", "repair", "fold")
+
+
 @dataclass
 class Stats:
     """Process-wide counters (reset on restart). Only *fresh* actions are counted.
@@ -257,7 +261,7 @@ class Stats:
             "capture_write_errors": self.capture_write_errors,
             "per_rule": dict(sorted(self.per_rule.items())),
             "observed_per_rule": self._per_rule("observe"),
-            "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut", "repair")},
+            "observed": {k: self.observed[k] for k in OBSERVED_KINDS},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
             "unguarded_responses": dict(sorted(self.unguarded_responses.items())),

@@ -301,3 +301,21 @@ async def test_collapse_works_with_every_guard_off(upstream: FakeUpstream, make_
     assert status == 200
     want = w.body(_expected(w, 3, 0, NOTE.format(count=3)), False)
     assert upstream.requests[0].body == orjson.dumps(want)
+
+
+async def test_in_observe_mode_a_fold_is_logged_and_counted_and_changes_no_byte(
+    upstream: FakeUpstream, make_proxy
+) -> None:
+    fake = ChatFake()
+    upstream.handler = fake.handle
+    base = await make_proxy({**COLLAPSE, "mode": "observe"})
+    w = WIRES["chat"]
+    raw = orjson.dumps(w.body(_history(w, 4), False))
+    status, _ = await _post(base, w.path(False), raw)
+    assert status == 200
+    assert upstream.requests[0].body == raw
+    async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard") as r:
+        snap = await r.json()
+    assert snap["recovery"] == {"collapsed_requests": 0, "folded_steps": 0, "prefix_breaks": 0}
+    assert snap["observed_per_rule"]["collapse"] == 1
+    assert snap["observed"]["fold"] == 1

@@ -12,8 +12,8 @@ import pytest
 from proxy.config import Config, build
 from proxy.core.actions import Fold, Remind, Withhold
 from proxy.core.collapse import NOTE, NOTE_WITHHELD, RULE, Collapse, breaks_prefix, folds, runs
-from proxy.core.progress import compile_masks
 from proxy.core.effects import progress_rules
+from proxy.core.progress import compile_masks
 from proxy.dialects import anthropic_messages, edits, openai_chat, openai_responses
 from proxy.guards import build_guards
 from proxy.request.response_store import Entry
