@@ -189,3 +189,35 @@ def test_observed_folds_are_decided_and_change_no_byte() -> None:
     (fold,) = [a for a in d.actions if isinstance(a, Fold)]
     assert fold.observed and fold.count == 4
     assert NOTE[:20].encode() not in d.body
+
+
+THREE = Collapse(3)
+
+
+def _sent(h: History, collapse: Collapse = THREE) -> list[dict[str, Any]]:
+    raw = orjson.dumps({"model": "m", "messages": h.messages})
+    return orjson.loads(decide_request(raw, {}, GUARDS, (), collapse=collapse).body)["messages"]
+
+
+def test_withheld_results_and_reminders_of_folded_steps_vanish_with_them() -> None:
+    # 7 repeats: reminders after 3 and 5, the results of 6 (escalation) and 7 (circuit breaker)
+    # withheld; all on folded steps: the upstream sees the first step and the note only
+    h = History().steps([READ] * 7)
+    assert _sent(h) == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=7)}]
+    unfolded = _sent(h, Collapse(8))
+    assert sum(m["role"] == "tool" and m["content"] != READ[2] for m in unfolded) == 2  # what vanished
+    assert sum(m["role"] == "user" for m in unfolded) == 3
+
+
+def test_a_run_whose_first_result_is_withheld_keeps_the_denial_and_does_not_point_at_it() -> None:
+    # six reads (folded), a step with text (never folded), then a run of three from the 8th read,
+    # whose result the circuit breaker withholds (the 7th and later duplicates); the guards'
+    # reminder on that first step (the chain's 8th call) stays, the note after it
+    h = History().steps([READ] * 6).step(READ, text="Reading it once more.").steps([READ] * 3)
+    sent = _sent(h)
+    assert sent[:4] == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=6)}]
+    assert [m.get("tool_call_id") or m["tool_calls"][0]["id"] for m in sent[4:8]] == ["c7", "c7", "c8", "c8"]
+    assert sent[7]["content"] != READ[2]  # withheld, and kept
+    assert len(sent) == 9 and sent[8]["role"] == "user"
+    assert sent[8]["content"].startswith("[loopguard]")
+    assert sent[8]["content"].endswith("\n\n" + NOTE_WITHHELD.format(count=3))
