@@ -43,10 +43,11 @@ from typing import Any
 import orjson
 
 from proxy.config import Config
-from proxy.core.actions import Action, Cut, Remind, Stop, Withhold
+from proxy.core.actions import Action, Cut, Fold, Remind, Stop, Withhold
 from proxy.core.effects import progress_rules
 from proxy.core.transcript import Transcript
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
+from proxy.edge.runtime import collapse_for
 from proxy.guards import Context, build_guards
 from proxy.guards.stop_note import stop_note_for
 from proxy.request.memory import Memory
@@ -287,6 +288,8 @@ def _request_call(a: Action, t: Transcript) -> int:
     if isinstance(a, Remind):
         before = [c.seq for c in t.calls if c.result is not None and c.result.position <= a.after]
         return max(before) + 1 if before else 0
+    if isinstance(a, Fold):  # the run's last call
+        return t.steps[a.steps[1]].calls[0] + 1
     return len(t.calls)
 
 
@@ -328,6 +331,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
     )
     memory = Memory(guards)
     observed = cfg.observed_rules()
+    collapse = collapse_for(cfg)
     # the live key of each request (it may have come from a header; the first request's
     # fingerprint differs from its successors'), so the memory is kept as it was live
     names = cfg.conversation_key.headers
@@ -350,6 +354,7 @@ def replay(conv: Conversation, cfg: Config) -> Result:
                 state_for=memory.state_for(ex.time_ms),
                 dialect=dialect,  # type: ignore[arg-type]
                 observed=observed,
+                collapse=collapse,
             )
             memory.commit(decision, ex.time_ms)
         except Exception:  # the proxy fails open here: the request would go unchanged

@@ -84,8 +84,9 @@ class Config:
         """The rule names (``Action.rule``) whose actions are observed, not applied: every rule
         when ``mode: observe``, else the rules of each section whose own ``mode`` is ``observe``
         (:data:`MODE_SECTIONS`; ``stop.mode`` for ``stop``, ``response.mode`` for ``runaway``
-        and ``degenerate_text``). An observed action is decided, logged, counted and recorded as
-        an incident exactly as an applied one, but changes no byte."""
+        and ``degenerate_text``; ``collapse`` with ``mode: observe`` only). An observed action is
+        decided, logged, counted and recorded as an incident exactly as an applied one, but
+        changes no byte."""
         every = self.mode == "observe"
         out: set[str] = set()
         for section, rules in MODE_SECTIONS.items():
@@ -95,6 +96,8 @@ class Config:
             out.update(STOP_RULES)
         if every or self.response.mode == "observe":
             out.update(RESPONSE_RULES)
+        if every:  # recovery.collapse has no mode of its own: it folds only when enforcing
+            out.add("collapse")
         return frozenset(out)
 
     def modes(self) -> dict[str, str]:

@@ -15,6 +15,12 @@
   or ``"identical"``) or ``"degenerate_text"`` (``reason`` ``"content"`` or ``"reasoning"``);
   ``applied`` is False when it was only reported (degenerate text in a non-streaming response).
 
+- :class:`Fold` (request side, ``recovery.collapse``) removes the steps of a run of identical
+  call/result pairs but its first from the body the upstream sees (positions ``start`` through
+  ``stop``) and puts a note after the first (``after``, delivered like a reminder); rule
+  ``"collapse"``, ``count`` the steps of the run, ``limit`` ``min_repeats``
+  (:mod:`proxy.core.collapse`).
+
 - :class:`Repair` (response side) rewrote tool calls the model wrote as text into structured
   calls (``response.repair_text_tool_calls``).
 - :class:`Recover` (edge) asked the upstream again, or a second upstream, for an answer that
@@ -121,6 +127,28 @@ class Cut:
 
 
 @dataclass(frozen=True, slots=True)
+class Fold:
+    """A run of ``count`` identical steps folded into its first: the positions ``start`` through
+    ``stop`` (the second step's first through the last step's last result) are left out of the
+    upstream's body, and ``text`` (the note) goes after ``after`` (the first step's result) as a
+    reminder would (``delivery``). ``steps``: the run's first and last step indexes."""
+
+    after: int
+    start: int
+    stop: int
+    text: str
+    rule: str
+    tool: str
+    count: int
+    limit: int | None
+    fresh: bool
+    delivery: Delivery = "user"
+    steps: tuple[int, int] = (0, 0)
+    observed: bool = False
+    kind: ClassVar[str] = "fold"
+
+
+@dataclass(frozen=True, slots=True)
 class Recover:
     """The upstream was asked again for an answer that repeated a withheld call (edge,
     ``recovery.*``): ``rule`` ``"resample"`` or ``"fallback"``; ``tool``: the repeated call's;
@@ -137,7 +165,7 @@ class Recover:
     kind: ClassVar[str] = "recover"
 
 
-Action = Remind | Withhold | Stop | Cut | Repair | Recover
+Action = Remind | Withhold | Stop | Cut | Repair | Fold | Recover
 
 
 def mark_observed(actions: Iterable[Action], observed: AbstractSet[str]) -> tuple[Action, ...]:

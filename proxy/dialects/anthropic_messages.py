@@ -85,6 +85,11 @@ class Slot:
     block: int | None
     kind: str
 
+    @property
+    def item(self) -> int:
+        """The index of the message that holds it (:class:`proxy.dialects.edits.Slotted`)."""
+        return self.message
+
 
 def _blocks(content: Any) -> list[Any] | None:
     return content if isinstance(content, list) else None

@@ -15,6 +15,11 @@ numbers and whitespace included, leaves as it came.
 - Actions whose position does not exist are ignored.
 - A withhold of one ``<tool_response>`` block of a message (``Withhold.part``, a text call's
   result) is turned into a withhold of that message by :func:`whole_results` first.
+- ``Fold(after, start, stop)`` (``recovery.collapse``, :mod:`proxy.core.collapse`): the items
+  at positions ``start`` through ``stop`` are removed (with the separator before them), and its
+  note is a reminder after ``after`` (:func:`unfold`); a withhold or reminder on a removed
+  position is removed with it (the note replaces them). Slotted dialects remove whole items: a
+  fold whose positions do not begin and end an item is not applied (:func:`fold_items`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.actions import Action, Fold, Remind, Withhold
 from proxy.dialects import jsonbody, text_calls
 
 #: (start, end, replacement bytes): one edit of :func:`proxy.dialects.jsonbody.splice`.
@@ -93,6 +98,41 @@ def append_text(
     return replace_member(fields, start, member, text)
 
 
+def unfold(actions: Sequence[Action]) -> tuple[Sequence[Action], tuple[Fold, ...]]:
+    """``actions`` with each :class:`Fold` turned into its note (a reminder after its first step,
+    after the reminders already there) and every withhold or reminder on a folded position
+    dropped; and the folds, in order. Without a fold, ``actions`` itself and ``()``."""
+    folds = tuple(a for a in actions if isinstance(a, Fold))
+    if not folds:
+        return actions, ()
+
+    def gone(pos: int) -> bool:
+        return any(f.start <= pos <= f.stop for f in folds)
+
+    out: list[Action] = []
+    for a in actions:
+        if isinstance(a, Withhold) and gone(a.position):
+            continue
+        if isinstance(a, Remind) and gone(a.after):
+            continue
+        if not isinstance(a, Fold):
+            out.append(a)
+    for f in folds:
+        out.append(Remind(f.after, f.text, f.rule, f.tool, f.count, f.limit, f.fresh, f.delivery))
+    return out, folds
+
+
+def fold_edits(folds: Sequence[Fold], spans: Sequence[tuple[int, int]]) -> list[tuple[int, Edit]]:
+    """The edits that remove the items of ``folds`` (positions ``start`` through ``stop`` of a
+    history whose items are at ``spans``): from the end of the item before ``start`` to the end
+    of ``stop``, so the separator goes too. A fold outside the history is ignored."""
+    out: list[tuple[int, Edit]] = []
+    for f in folds:
+        if 0 < f.start <= f.stop < len(spans):
+            out.append((f.start, (spans[f.start - 1][1], spans[f.stop][1], b"")))
+    return out
+
+
 def apply(
     raw: bytes,
     actions: Sequence[Action],
@@ -113,7 +153,9 @@ def apply(
         if start is None or raw[start : start + 1] != b"[":
             return None
         spans = jsonbody.items(raw, start, listed)
-    planned = _plan(raw, actions, listed, wire, spans)
+    actions, folds = unfold(actions)
+    # a deletion after the note's insertion at the same byte: splice keeps the given order
+    planned = _plan(raw, actions, listed, wire, spans) + fold_edits(folds, spans)
     return jsonbody.splice(raw, [e for _, e in planned]) if planned else None
 
 
@@ -341,6 +383,10 @@ class Slotted(Protocol):
     @property
     def kind(self) -> str: ...
 
+    #: the index of the history item that holds it
+    @property
+    def item(self) -> int: ...
+
 
 #: A slotted dialect's edits: ``(raw, layout, withheld, grouped, items, spans)`` to the edits,
 #: each with the slot it belongs to (:func:`targets` gives ``withheld`` and ``grouped``).
@@ -397,6 +443,7 @@ def apply_slots(
     if not isinstance(listed, list):
         return None
     layout = wire.slots(listed)
+    actions, folds = unfold(actions)
     withheld, grouped = targets(actions, layout)
     if not withheld and not grouped:
         return None
@@ -408,7 +455,24 @@ def apply_slots(
     if len(spans) != len(listed):
         return None
     out = wire.plan(raw, layout, withheld, grouped, listed, spans)
+    out += fold_edits(fold_items(folds, layout), spans)  # after the note, as in :func:`apply`
     return jsonbody.splice(raw, [e for _, e in out]) if out else None
+
+
+def fold_items(folds: Sequence[Fold], layout: Sequence[Slotted]) -> list[Fold]:
+    """``folds`` over slots as folds over the history items that hold them (``start``/``stop``
+    item indexes), for :func:`fold_edits`; a fold whose slots do not begin and end their items
+    (an item would keep some of its slots) is left out."""
+    out: list[Fold] = []
+    n = len(layout)
+    for f in folds:
+        if not 0 < f.start <= f.stop < n:
+            continue
+        first, last = layout[f.start].item, layout[f.stop].item
+        if layout[f.start - 1].item == first or (f.stop + 1 < n and layout[f.stop + 1].item == last):
+            continue
+        out.append(dataclasses.replace(f, start=first, stop=last))
+    return out
 
 
 def apply_slots_kept(

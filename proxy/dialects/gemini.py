@@ -104,6 +104,11 @@ class Slot:
     part: int | None
     kind: str
 
+    @property
+    def item(self) -> int:
+        """The index of the content that holds it (:class:`proxy.dialects.edits.Slotted`)."""
+        return self.content
+
 
 def _parts(content: Any) -> list[Any]:
     parts = content.get("parts") if isinstance(content, dict) else None

@@ -123,8 +123,9 @@ async def _proxy(request: web.Request) -> web.StreamResponse:
     t_start = time.perf_counter()
 
     decision = RequestDecision(raw, (), False)
-    # With every request-side guard off there is nothing to decide: the body is not even parsed.
-    dialect = dialect_of(request) if rt.guards else None
+    # With every request-side guard off (and nothing to fold) there is nothing to decide: the
+    # body is not even parsed.
+    dialect = dialect_of(request) if rt.guards or rt.collapse is not None else None
     if dialect is not None and "content-encoding" in request.headers:
         decision = RequestDecision(raw, (), False, unguarded="content_encoding")
     elif dialect is not None and dialect in rt.plain and plain.nothing_to_guard(raw):
@@ -220,6 +221,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
             previous=previous,
             prefixes=app[PREFIX_KEY],  # type: ignore[arg-type]
             observed=rt.observed,
+            collapse=rt.collapse,
         )
 
     try:  # with a shared backend, what the decision asks for is fetched first (proxy.edge.shared_state)

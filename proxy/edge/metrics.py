@@ -21,10 +21,13 @@ before the whole answer), ``loopguard_state_backend_errors_total{op}`` (shared-s
 calls that failed open, ``state.backend``: :mod:`proxy.edge.shared_state`),
 ``loopguard_capture_write_errors_total`` (capture lines that could not be written),
 ``loopguard_responses_repaired_total`` and ``loopguard_text_calls_repaired_total`` (answers, and
-calls, written as text and repaired), ``loopguard_recovery_total{kind,outcome}`` (re-sample and
-fallback interventions, ``kind`` ``resample`` or ``fallback``, ``outcome`` ``recovered``,
-``repeated`` or ``error``: :mod:`proxy.edge.recovery`), ``loopguard_extra_upstream_calls_total``
-(the upstream calls they made), and
+calls, written as text and repaired), ``loopguard_recovery_total{kind,outcome}`` (recovery
+interventions: ``kind="collapse"``, ``outcome="folded"`` for requests whose upstream body had a
+fold and ``outcome="prefix_break"`` for those where a fold began at a step the previous request
+sent unfolded; ``kind`` ``resample`` or ``fallback``, ``outcome`` ``recovered``, ``repeated`` or
+``error``: :mod:`proxy.edge.recovery`), ``loopguard_recovery_folded_steps_total`` (steps left out
+of those bodies), ``loopguard_extra_upstream_calls_total`` (the upstream calls re-sample and
+fallback made), and
 ``loopguard_added_latency_seconds`` (histogram: time between having the request body and sending it
 upstream). With ``prefix_cache`` on (:mod:`proxy.request.prefix_cache`):
 ``loopguard_prefix_cache_hits_total`` (requests that resumed their conversation's kept history),
@@ -98,14 +101,6 @@ class _StatsCollector(Collector):
         for reason, n in sorted(self._stats.unguarded_responses.items()):
             unread.add_metric([reason], n)
         yield unread
-        recovery = CounterMetricFamily(
-            "loopguard_recovery",
-            "Re-sample and fallback interventions by kind and outcome (recovered, repeated, error).",
-            labels=["kind", "outcome"],
-        )
-        for (kind, outcome), n in sorted(self._stats.recovery.items()):
-            recovery.add_metric([kind, outcome], n)
-        yield recovery
         backend = CounterMetricFamily(
             "loopguard_state_backend_errors",
             "Shared-state backend (Redis) operations that failed open, by operation.",
@@ -114,6 +109,22 @@ class _StatsCollector(Collector):
         for op, n in sorted(self._stats.backend_errors.items()):
             backend.add_metric([op], n)
         yield backend
+        recovery = CounterMetricFamily(
+            "loopguard_recovery",
+            "Recovery interventions by kind and outcome (collapse: folded, prefix_break; resample and"
+            " fallback: recovered, repeated, error).",
+            labels=["kind", "outcome"],
+        )
+        recovery.add_metric(["collapse", "folded"], self._stats.collapsed_requests)
+        recovery.add_metric(["collapse", "prefix_break"], self._stats.prefix_breaks)
+        for (kind, outcome), n in sorted(self._stats.recovery.items()):
+            recovery.add_metric([kind, outcome], n)
+        yield recovery
+        yield CounterMetricFamily(
+            "loopguard_recovery_folded_steps",
+            "Steps left out of the upstream's bodies by recovery.collapse.",
+            value=self._stats.folded_steps,
+        )
         if self._prefixes is not None:
             p = self._prefixes.stats
             yield CounterMetricFamily(

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.core.actions import Action, Cut, Recover, Repair, Stop, Withhold
+from proxy.core.actions import Action, Cut, Fold, Recover, Repair, Stop, Withhold
+from proxy.core.collapse import breaks_prefix
 from proxy.edge.incidents import Incident
 
 #: How many incidents ``GET /loop-guard`` shows (the newest ones).
@@ -127,11 +128,18 @@ def action_summary(a: Action) -> dict[str, Any]:
         out.update(attempts=a.count, outcome=a.reason)
     if isinstance(a, Stop):
         out.update(a.evidence)  # what count and limit count, each figure named
+    if isinstance(a, Fold):  # the steps it folded (first, last) and the positions left out
+        out["steps"] = list(a.steps)
+        out["folded_steps"] = a.count - 1
     if isinstance(a, Cut) and not a.applied:
         out["applied"] = False
     if a.observed:
         out["mode"] = "observe"
     return out
+
+
+#: The action kinds ``observed`` counts in :meth:`Stats.snapshot`, in order.
+OBSERVED_KINDS = ("remind", "withhold", "stop", "cut", "repair", "fold")
 
 
 @dataclass
@@ -207,9 +215,22 @@ class Stats:
             self.fallback_requests += 1
             self.fallback_recovered += outcome == "recovered"
 
+    #: ``recovery.collapse`` (:mod:`proxy.core.collapse`), over every fold of a request, fresh or
+    #: not: requests whose upstream body had a fold, steps left out of them, and requests where
+    #: a fold began at a step the conversation's previous request sent unfolded (the upstream's
+    #: prefix cache broke there: :func:`proxy.core.collapse.breaks_prefix`)
+    collapsed_requests: int = 0
+    folded_steps: int = 0
+    prefix_breaks: int = 0
+
     def record_actions(self, actions: Iterable[Action]) -> None:
         withheld: set[tuple[int, int | None]] = set()  # a result two guards withhold is one result withheld
+        folded = broke = False
         for a in actions:
+            if isinstance(a, Fold) and not a.observed:
+                folded = True
+                self.folded_steps += a.count - 1
+                broke = broke or breaks_prefix(a)
             if not a.fresh:
                 continue
             self.per_rule[a.rule] += 1
@@ -232,6 +253,8 @@ class Stats:
             elif isinstance(a, Repair):
                 self.responses_repaired += 1
                 self.text_calls_repaired += a.count
+        self.collapsed_requests += folded
+        self.prefix_breaks += broke
 
     def record_incidents(self, incidents: Iterable[Incident]) -> None:
         self.incidents.extend(incidents)
@@ -262,7 +285,7 @@ class Stats:
             "capture_write_errors": self.capture_write_errors,
             "per_rule": dict(sorted(self.per_rule.items())),
             "observed_per_rule": self._per_rule("observe"),
-            "observed": {k: self.observed[k] for k in ("remind", "withhold", "stop", "cut", "repair")},
+            "observed": {k: self.observed[k] for k in OBSERVED_KINDS},
             "withhold_kinds": dict(sorted(self.withhold_kinds.items())),
             "unguarded": dict(sorted(self.unguarded.items())),
             "unguarded_responses": dict(sorted(self.unguarded_responses.items())),
@@ -274,5 +297,8 @@ class Stats:
                 "fallback_requests": self.fallback_requests,
                 "fallback_recovered": self.fallback_recovered,
                 "extra_upstream_calls": self.extra_upstream_calls,
+                "collapsed_requests": self.collapsed_requests,
+                "folded_steps": self.folded_steps,
+                "prefix_breaks": self.prefix_breaks,
             },
         }

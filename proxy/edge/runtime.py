@@ -25,6 +25,7 @@ from types import ModuleType
 import structlog
 
 from proxy.config import Config, restart_keys
+from proxy.core.collapse import Collapse
 from proxy.core.effects import progress_rules
 from proxy.dialects import anthropic_messages, openai_chat, openai_responses
 from proxy.errors import ConfigError
@@ -48,6 +49,8 @@ class Runtime:
     #: the dialects whose requests with nothing to guard in their bytes skip the guards
     #: (:mod:`proxy.request.plain`, :func:`plain_dialects`)
     plain: tuple[ModuleType, ...] = ()
+    #: the folding of repeated steps (``recovery.collapse``; None: off), :func:`collapse_for`
+    collapse: Collapse | None = None
 
 
 def plain_dialects(cfg: Config, memory: Memory) -> tuple[ModuleType, ...]:
@@ -63,6 +66,17 @@ def plain_dialects(cfg: Config, memory: Memory) -> tuple[ModuleType, ...]:
     return (openai_chat, anthropic_messages)
 
 
+def collapse_for(cfg: Config) -> Collapse | None:
+    """What ``recovery.collapse`` folds with (:mod:`proxy.core.collapse`): its ``min_repeats``,
+    the compiled ``progress.masks`` and the reminders' delivery
+    (``guards.repeat_reminder.inject_as``); None when it is off."""
+    section = cfg.recovery.collapse
+    if not section.enabled:
+        return None
+    masks = progress_rules(cfg.progress)[0]
+    return Collapse(section.min_repeats, masks, cfg.guards.repeat_reminder.inject_as)
+
+
 def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
     """The :class:`Runtime` of ``cfg``; after ``previous`` (a reload), over its state store and
     clock. Raises what :func:`proxy.guards.build_guards` raises (nothing for a checked config)."""
@@ -76,7 +90,7 @@ def build_runtime(cfg: Config, previous: Runtime | None = None) -> Runtime:
         memory = Memory(guards)
     else:
         memory = Memory(guards, previous.memory.store, previous.memory.clock)
-    return Runtime(cfg, guards, memory, cfg.observed_rules(), plain_dialects(cfg, memory))
+    return Runtime(cfg, guards, memory, cfg.observed_rules(), plain_dialects(cfg, memory), collapse_for(cfg))
 
 
 class Live:

@@ -8,6 +8,8 @@ actions at or after it are written (:func:`proxy.dialects.edits.apply_kept`; the
 through that cut are then the same, and so are the upstream bytes); this request's own edits
 before its cut come back in :attr:`Written.kept`, for the keep stage. A chained Responses request
 is written over its own ``input`` (:func:`proxy.dialects.openai_responses.apply_chained`).
+A request with a fold (``recovery.collapse``, :class:`proxy.core.actions.Fold`) is written in full
+and keeps no edits: its removals are not edits of single items the next request could reuse.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.actions import Action, Remind, Withhold
+from proxy.core.actions import Action, Fold, Remind, Withhold
 from proxy.dialects import Dialect, anthropic_messages, gemini, jsonbody, openai_responses
 from proxy.guards.resume import cut
 from proxy.request.locate import Located, Resume
@@ -64,12 +66,17 @@ def _body_for(located: Located, raw: bytes, dialect: Dialect, enforced: Sequence
     if dialect is anthropic_messages or dialect is gemini:
         return jsonbody.decode(raw)
     withheld = [a for a in enforced if isinstance(a, Withhold)]
-    since = read.edits.cut if read.edits is not None and all(a.part is None for a in withheld) else 0
+    reusable = read.edits is not None and all(a.part is None for a in withheld) and not _folds(enforced)
+    since = read.edits.cut if reusable else 0
     positions: set[int] = set()
     if since < located.resume.at.n:  # only kept items are decoded: none at or after the reused edits
         positions = {a.position for a in withheld if a.position >= since}
-        positions |= {a.after for a in enforced if isinstance(a, Remind) and a.after >= since}
+        positions |= {a.after for a in enforced if isinstance(a, Remind | Fold) and a.after >= since}
     return full_body(located.resume, located.body, raw, dialect.ITEMS, positions)
+
+
+def _folds(actions: Sequence[Action]) -> bool:
+    return any(isinstance(a, Fold) for a in actions)
 
 
 def write(
@@ -93,7 +100,7 @@ def write(
         return Written()
     body = _body_for(located, raw, dialect, enforced, read)
     kept_apply = getattr(dialect, "apply_kept", None)
-    if read.entry is None or read.spans is None or kept_apply is None:
+    if read.entry is None or read.spans is None or kept_apply is None or _folds(enforced):
         if read.spans is not None:
             return Written(dialect.apply(raw, enforced, body, read.spans))
         return Written(dialect.apply(raw, enforced, body))

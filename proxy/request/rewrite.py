@@ -18,6 +18,8 @@ nothing of the stages after it:
 4. read the new messages (:func:`proxy.request.read.read`): the transcript, resuming the kept
    parse state;
 5. run the guards (:func:`proxy.guards.resume.evaluate_resumed`), resuming the kept checkpoint;
+   with ``recovery.collapse`` on, the runs of identical steps to fold
+   (:func:`proxy.core.collapse.folds`);
 6. write the edits (:func:`proxy.request.edits.write`), reusing the kept ones;
 7. keep the state (:meth:`PrefixCache.keep`) for the next request.
 """
@@ -29,7 +31,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.actions import Action, applied, mark_observed
+from proxy.core import collapse as collapsing
+from proxy.core.actions import Action, Withhold, applied, mark_observed
 from proxy.core.state import ConversationState
 from proxy.core.transcript import Transcript
 from proxy.dialects import Dialect, openai_chat, openai_responses
@@ -95,6 +98,7 @@ def decide_request(
     previous: Callable[[str], Entry | None] | None = None,
     prefixes: PrefixCache | None = None,
     observed: AbstractSet[str] = frozenset(),
+    collapse: collapsing.Collapse | None = None,
 ) -> RequestDecision:
     """Parse a request body with ``dialect`` (chat completions by default), run the guards, apply
     their actions (the stages: module doc).
@@ -116,6 +120,11 @@ def decide_request(
     ``observed``: the rule names in observe mode (:meth:`proxy.config.Config.observed_rules`):
     their actions are in ``actions`` marked ``observed`` and are not applied; with every rule
     observed the body is ``raw`` itself.
+
+    ``collapse``: fold runs of identical steps (``recovery.collapse``; None = off): its
+    :class:`proxy.core.actions.Fold` actions follow the guards' in ``actions``. Not for a
+    Responses request that continues a ``previous_response_id``: the history it would fold is
+    in the upstream's copy, not in the body.
 
     Returns the original ``raw`` object (identity, byte for byte) when no action changes the body.
     """
@@ -160,6 +169,9 @@ def decide_request(
             raise
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     actions = mark_observed(done.actions, observed)
+    if collapse is not None and chained is None:
+        withheld = {a.position for a in applied(actions, observed) if isinstance(a, Withhold)}
+        actions += mark_observed(collapsing.folds(history.transcript, collapse, withheld), observed)
     continued = link.entry if link is not None else None
     written = write(raw, dialect, located, history, applied(actions, observed), continued)
     if prefixes is not None:

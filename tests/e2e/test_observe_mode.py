@@ -204,7 +204,7 @@ async def test_one_guard_observed_the_others_enforced(upstream: FakeUpstream, ca
     [
         (
             {"mode": "observe"},
-            "circuit_breaker cycles degenerate_text echo_loop escalation monologue "
+            "circuit_breaker collapse cycles degenerate_text echo_loop escalation monologue "
             "narration recurrence repair_text_tool_calls repeat_reminder repeated_failure runaway "
             "same_target stop turn_guard waiting",
         ),

@@ -48,6 +48,9 @@ PARAMS = {"temperature": 1.3, "repeat_penalty": 1.2}
 KEY_ENV = "LOOPGUARD_TEST_FALLBACK_KEY"
 KEY = "fb-secret-1"
 
+#: the collapse counters, untouched by re-sample and fallback
+NO_COLLAPSE = {"collapsed_requests": 0, "folded_steps": 0, "prefix_breaks": 0}
+
 
 def _message(name: str, args: str, cid: str) -> dict[str, Any]:
     return {"role": "assistant", "content": None, "tool_calls": [tool_call(name, args, cid)]}
@@ -260,6 +263,7 @@ async def test_resample_delivers_the_first_answer_that_does_not_repeat_with_para
         "fallback_requests": 0,
         "fallback_recovered": 0,
         "extra_upstream_calls": 2,
+        **NO_COLLAPSE,
     }
     assert snap["per_rule"].get("resample") == 1
     assert snap["stops"] == 0
@@ -393,6 +397,7 @@ async def test_fallback_is_asked_once_with_its_model_and_key_after_the_attempts_
         "fallback_requests": 1,
         "fallback_recovered": 1,
         "extra_upstream_calls": 2,
+        **NO_COLLAPSE,
     }
 
 

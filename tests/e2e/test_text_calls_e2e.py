@@ -138,7 +138,7 @@ async def test_in_observe_mode_the_repair_is_counted_and_not_applied(
     async with aiohttp.ClientSession() as s, s.get(f"{client.base}/loop-guard") as r:  # type: ignore[attr-defined]
         stats = await r.json()
     assert stats["observed_per_rule"] == {"repair_text_tool_calls": 1}
-    assert stats["observed"] == {"remind": 0, "withhold": 0, "stop": 0, "cut": 0, "repair": 1}
+    assert stats["observed"] == {"remind": 0, "withhold": 0, "stop": 0, "cut": 0, "repair": 1, "fold": 0}
     assert stats["responses_repaired"] == 0  # applied repairs only
     async with aiohttp.ClientSession() as s, s.get(f"{client.base}/loop-guard/metrics") as r:  # type: ignore[attr-defined]
         metrics = await r.text()

@@ -31,6 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import Config, build
+from proxy.core.actions import Fold
+from proxy.core.collapse import Collapse
 from proxy.core.effects import progress_rules
 from proxy.dialects import Dialect, anthropic_messages, edits, jsonbody, openai_chat, openai_responses
 from proxy.errors import ConfigError
@@ -54,8 +56,10 @@ NAMES = ("x-session-id",)
 MAX_REQUESTS = {"loops": 64, "realtraj": 10}
 
 
-def _decide(raw: bytes, dialect: Dialect, cache: PrefixCache | None) -> RequestDecision:
-    return decide_request(raw, HEADERS, GUARDS, NAMES, dialect=dialect, prefixes=cache)
+def _decide(
+    raw: bytes, dialect: Dialect, cache: PrefixCache | None, collapse: Collapse | None = None
+) -> RequestDecision:
+    return decide_request(raw, HEADERS, GUARDS, NAMES, dialect=dialect, prefixes=cache, collapse=collapse)
 
 
 def _same(a: RequestDecision, b: RequestDecision, where: str) -> None:
@@ -68,19 +72,22 @@ def _same(a: RequestDecision, b: RequestDecision, where: str) -> None:
     assert (a.changed, a.conversation, a.unguarded) == (b.changed, b.conversation, b.unguarded), where
 
 
-def replay(bodies: Sequence[bytes], dialect: Dialect, seed: int) -> PrefixCache:
+def replay(
+    bodies: Sequence[bytes], dialect: Dialect, seed: int, collapse: Collapse | None = None
+) -> PrefixCache:
     """Decide every body in order with no cache (the reference), one cache, one cleared at random
-    points and one with a tiny budget; assert all agree. Returns the shared cache (for its stats)."""
+    points and one with a tiny budget; assert all agree. Returns the shared cache (for its stats).
+    ``collapse``: fold runs of identical steps too (``recovery.collapse``)."""
     rng = random.Random(seed)
     shared = PrefixCache(1 << 30)
     cleared = PrefixCache(1 << 30)
     tiny = PrefixCache(4096)
     for i, raw in enumerate(bodies):
-        want = _decide(raw, dialect, None)
+        want = _decide(raw, dialect, None, collapse)
         if rng.random() < 0.3:
             cleared.clear()
         for name, cache in (("shared", shared), ("cleared", cleared), ("tiny", tiny)):
-            _same(_decide(raw, dialect, cache), want, f"request {i}, cache {name}")
+            _same(_decide(raw, dialect, cache, collapse), want, f"request {i}, cache {name}")
     return shared
 
 
@@ -188,6 +195,45 @@ def test_every_fixture_decides_the_same_with_the_cache_on_off_and_cleared(
         assert cache.stats.fast_hits <= sum(len(b) >= prefix_cache.FAST_MIN for b in bodies[1:])
 
 
+#: ``recovery.collapse`` on, with the shipped masks (its smallest run)
+COLLAPSE = Collapse(2, progress_rules(CFG.progress)[0])
+#: loop fixtures whose requests fold, per wire (filled by the test below, checked after it)
+FOLDED: dict[str, int] = {}
+
+
+@pytest.mark.parametrize(
+    ("name", "messages", "tools"),
+    [c for c in CONVERSATIONS if c[0].startswith("loops/")],
+    ids=[c[0] for c in CONVERSATIONS if c[0].startswith("loops/")],
+)
+@pytest.mark.parametrize("wire", ["chat", "responses", "messages"])
+def test_every_fixture_folds_the_same_with_the_cache_on_off_and_cleared(
+    name: str, messages: list[dict[str, Any]], tools: Any, wire: str
+) -> None:
+    """With ``recovery.collapse`` on, the folded bodies are the same with the cache on, off and
+    cleared (a request with a fold keeps no edits; the next one writes its edits in full)."""
+    most = MAX_REQUESTS["loops"]
+    if wire == "chat":
+        bodies, dialect = chat_requests(messages, tools, most), openai_chat
+    elif wire == "responses":
+        bodies, dialect = responses_requests(messages, most), openai_responses
+    else:
+        bodies, dialect = messages_requests(messages, most), anthropic_messages
+    pad = ("none", "head", "first")[len(name) % 3]
+    bodies = _padded(bodies, pad)
+    replay(bodies, dialect, seed=len(name), collapse=COLLAPSE)  # type: ignore[arg-type]
+    folded = sum(
+        any(isinstance(a, Fold) for a in _decide(b, dialect, None, COLLAPSE).actions) for b in bodies
+    )  # type: ignore[arg-type]
+    FOLDED[wire] = FOLDED.get(wire, 0) + folded
+
+
+def test_the_fixtures_fold() -> None:
+    """The test above compared folded bodies, not only unfolded ones (it ran first)."""
+    if FOLDED:
+        assert all(n > 0 for n in FOLDED.values()), FOLDED
+
+
 def test_the_fixtures_are_there() -> None:
     names = [c[0] for c in CONVERSATIONS]
     assert sum(n.startswith("loops/") for n in names) >= 10
@@ -240,9 +286,10 @@ def _spaced(body: dict[str, Any], indent: int | None) -> bytes:
     wire=st.sampled_from(["chat", "responses", "messages"]),
     spacing=st.sampled_from(["orjson", "default", "indent"]),
     seed=st.integers(0, 1000),
+    folding=st.booleans(),
 )
 def test_random_conversations_decide_the_same_with_the_cache_on_off_and_cleared(
-    messages: list[dict[str, Any]], wire: str, spacing: str, seed: int
+    messages: list[dict[str, Any]], wire: str, spacing: str, seed: int, folding: bool
 ) -> None:
     ends = range(1, len(messages) + 1)  # every length: requests that end on a call without its result too
     if wire == "chat":
@@ -259,7 +306,14 @@ def test_random_conversations_decide_the_same_with_the_cache_on_off_and_cleared(
     for d in dicts:  # the spacing may change between requests: a miss, never a wrong hit
         style = spacing if rng.random() < 0.8 else rng.choice(["orjson", "default", "indent"])
         bodies.append(orjson.dumps(d) if style == "orjson" else _spaced(d, 1 if style == "indent" else None))
-    replay(bodies, dialect, seed)
+    collapse = COLLAPSE if folding else None
+    replay(bodies, dialect, seed, collapse)
+    if folding:  # a folded body is JSON, and holds its first step and the note
+        for raw in bodies:
+            decision = _decide(raw, dialect, None, collapse)
+            sent = orjson.loads(decision.body)
+            if any(isinstance(a, Fold) for a in decision.actions):
+                assert "the same arguments" in orjson.dumps(sent).decode()
 
 
 # --- what a hit and a miss are --------------------------------------------------------------
