@@ -209,7 +209,7 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
 
     def run(state_for: Any, previous: Any) -> RequestDecision:
         if previous is not None:  # the store holds this credential's responses only (store_key)
-            previous = functools.partial(_scoped, previous, request.headers, request.rel_url.raw_query_string)
+            previous = functools.partial(_scoped, previous, request)
         return decide_request(
             raw,
             request.headers,
@@ -249,10 +249,15 @@ async def _decide(request: web.Request, raw: bytes, dialect: dialects.Dialect) -
     return decision
 
 
-def _scoped(lookup: Callable[[str], Any], headers: Any, query: str, rid: str) -> Any:
-    """``lookup`` of response ``rid`` as kept for the credential in ``headers`` and ``query``
-    (its :func:`proxy.request.response_store.store_key`)."""
-    return lookup(store_key(headers, rid, query))
+def _store_key(request: web.Request, rid: str) -> str:
+    """Response ``rid`` as kept for the credential of ``request`` (its headers and raw query:
+    :func:`proxy.request.response_store.store_key`)."""
+    return store_key(request.headers, rid, request.rel_url.raw_query_string)
+
+
+def _scoped(lookup: Callable[[str], Any], request: web.Request, rid: str) -> Any:
+    """``lookup`` of response ``rid`` as kept for the credential of ``request``."""
+    return lookup(_store_key(request, rid))
 
 
 def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
@@ -260,9 +265,7 @@ def _unknown_previous(request: web.Request, decision: RequestDecision) -> None:
     app = request.app
     assert decision.chain is not None and decision.chain.previous is not None
     try:
-        first = app[RESPONSES_KEY].note_unknown(
-            store_key(request.headers, decision.chain.previous, request.rel_url.raw_query_string)
-        )
+        first = app[RESPONSES_KEY].note_unknown(_store_key(request, decision.chain.previous))
     except Exception as exc:
         app[STATS_KEY].internal_errors += 1
         log.error("store_error", error=type(exc).__name__)
