@@ -77,16 +77,13 @@ class SSEFramer:
         pos = self._pos
         start = 0  # where the current event starts in buf
         while True:
-            m = _EOL.search(buf, max(pos, self._scan))
-            if m is None:
-                self._scan = len(buf)
+            found = _line_end(buf, max(pos, self._scan))
+            if isinstance(found, int):
+                self._scan = found
                 break
-            if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
-                self._scan = m.start()
-                break  # a CR at the end: wait for the next byte (CRLF split across reads)
-            line = buf[pos : m.start()]
-            pos = m.end()
-            self._scan = pos
+            eol, nxt = found
+            line = buf[pos:eol]
+            pos = self._scan = nxt
             if line:
                 self._line(line.decode("utf-8", "replace"))
                 continue
@@ -200,25 +197,23 @@ class EventGate:
         pos = self._pos
         safe = 0  # bytes before this may go out
         while True:
-            m = _EOL.search(buf, max(pos, self._scan))
-            if m is None:
-                self._scan = len(buf)
+            found = _line_end(buf, max(pos, self._scan))
+            if isinstance(found, int):
+                self._scan = found
                 break
-            if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
-                self._scan = m.start()
-                break  # a CR at the end: wait for the next byte (CRLF split across reads)
-            start, pos = pos, m.end()
+            eol, nxt = found
+            start, pos = pos, nxt
             self._scan = pos
-            if start == m.start():  # a blank line: the event ends, the parser holds nothing
+            if start == eol:  # a blank line: the event ends, the parser holds nothing
                 self._empty, self._data, safe = True, None, pos
             elif buf[start] == 0x3A:  # a comment line changes nothing in the parser
                 if self._empty:
                     safe = pos
             else:
                 self._empty = False
-                if _is_data(buf, start, m.start()):
+                if _is_data(buf, start, eol):
                     if self._data is None:
-                        self._data = (start, m.start())
+                        self._data = (start, eol)
                     elif self._data[0] >= 0:  # the event's second data line: read the first once
                         if _whole_json(buf, *self._data):  # one line end between events
                             return self._opened(buf)
@@ -256,6 +251,20 @@ class EventGate:
         self._buf.clear()
         self._pos = self._scan = 0
         self._empty, self._data = True, None
+
+
+def _line_end(buf: bytearray, at: int) -> tuple[int, int] | int:
+    """The first complete line end in ``buf`` at or after offset ``at``: (where it starts, where
+    the next line starts). When there is none yet, the offset the next search resumes from: the
+    buffer's end, or a CR at its very end, held until the next byte shows whether it starts a
+    CRLF (split across reads). Shared by :class:`SSEFramer` and :class:`EventGate`, which must
+    see the same lines."""
+    m = _EOL.search(buf, at)
+    if m is None:
+        return len(buf)
+    if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
+        return m.start()
+    return m.start(), m.end()
 
 
 def _ends_event(chunk: bytes) -> bool:
