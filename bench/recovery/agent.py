@@ -26,7 +26,7 @@ SYSTEM_PROMPT = (
 #: Sampling temperature of every request (> 0, so the seed decides the sample).
 TEMPERATURE = 1.0
 #: Cap on generated tokens per step.
-MAX_TOKENS = 384
+MAX_TOKENS = 256
 #: ``tool_choice`` of every request.
 TOOL_CHOICE = "auto"
 

@@ -18,13 +18,15 @@ from aiohttp import web
 
 @dataclass
 class Exchange:
-    """One upstream request: ``body`` (its bytes), ``messages`` (parsed), ``stream``, and the
+    """One upstream request: ``body`` (its bytes), ``messages`` (parsed), ``stream``, ``seed``
+    (the body's, None when absent), and the
     answer's ``calls`` (``[name, arguments]``), ``text``, ``prompt_tokens`` and
     ``completion_tokens`` (read from the JSON answer or the SSE chunks)."""
 
     body: bytes
     messages: list[dict[str, Any]]
     stream: bool
+    seed: int | None = None
     calls: list[list[str]] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int = 0
@@ -104,7 +106,9 @@ class Relay:
                 parsed = json.loads(body)
             except ValueError:
                 parsed = {}
-            ex = Exchange(body, parsed.get("messages") or [], bool(parsed.get("stream")))
+            ex = Exchange(
+                body, parsed.get("messages") or [], bool(parsed.get("stream")), parsed.get("seed")
+            )
             self.exchanges.append(ex)
         assert self._http is not None
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}

@@ -45,14 +45,16 @@ def _norm(messages: list[dict[str, Any]]) -> list[Any]:
 
 
 def upstream_record(exchanges: list[Exchange]) -> list[dict[str, Any]]:
-    """One entry per upstream request: ``sha`` (of the body bytes), ``extends`` (its messages
-    start with the previous request's), ``messages`` (count), ``calls``, token counts."""
+    """One entry per upstream request: ``sha`` (of the body bytes), ``seed`` (the body's),
+    ``extends`` (its messages start with the previous request's), ``messages`` (count), ``calls``,
+    token counts."""
     out, prev = [], None
     for ex in exchanges:
         cur = _norm(ex.messages)
         out.append(
             {
                 "sha": hashlib.sha256(ex.body).hexdigest()[:16],
+                "seed": ex.seed,
                 "extends": prev is None or cur[: len(prev)] == prev,
                 "messages": len(cur),
                 "calls": ex.calls,
@@ -82,8 +84,10 @@ async def run_arm(
     max_steps: int,
     workdir: Path,
     progress: Callable[[str], None],
+    keep_repos: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run ``episodes`` episodes of one arm; the raw records (see :mod:`bench.recovery.metrics`)."""
+    """Run ``episodes`` episodes of one arm; the raw records (see :mod:`bench.recovery.metrics`).
+    The episodes' repositories are removed unless ``keep_repos``."""
     lg = None
     if overrides is not None:
         cfg = resolve(overrides, fallback.url if fallback else "")
@@ -118,11 +122,13 @@ async def run_arm(
                 "log_lines": len(lines),
                 "recovery": {k: v - c0.get(k, 0) for k, v in c1.items()},
                 "solved": solved(task, repo),
+                "repo": str(repo),
                 "files": sorted(p.name for p in repo.iterdir() if p.is_file()),
                 "wall_s": round(wall, 2),
             }
             records.append(rec)
-            shutil.rmtree(repo, ignore_errors=True)
+            if not keep_repos:
+                shutil.rmtree(repo, ignore_errors=True)
             acted = next((k for k, a in enumerate(rec["actions"]) if a), None)
             progress(
                 f"{arm} {i + 1}/{episodes} {task.name} {'stream' if stream else 'json'}: "
@@ -161,9 +167,16 @@ def servers(need_fallback: bool, workdir: Path) -> Iterator[tuple[str, str | Non
 
 
 async def run_all(
-    arms: list[str], *, episodes: int, seed: int, max_steps: int, workdir: Path
+    arms: list[str],
+    *,
+    episodes: int,
+    seed: int,
+    max_steps: int,
+    workdir: Path,
+    keep_repos: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run ``arms`` (names in :data:`ARMS`; ``direct`` first when chosen); records per arm."""
+    """Run ``arms`` (names in :data:`ARMS`; ``direct`` first when chosen) in ``workdir``; the raw
+    records per arm (repositories kept in ``workdir`` if ``keep_repos``)."""
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -189,6 +202,7 @@ async def run_all(
                     max_steps=max_steps,
                     workdir=workdir,
                     progress=progress,
+                    keep_repos=keep_repos,
                 )
                 progress(f"{arm}: {time.monotonic() - t0:.0f} s")
         finally:

@@ -81,8 +81,10 @@ def make_repo(task: Task, parent: Path | None = None) -> Path:
 def run_python(root: Path, rel: str, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str]:
     """Run ``python rel`` in ``root``: ``(exit code, stdout+stderr)``; exit code 124 on timeout."""
     try:
+        # -B: no bytecode cache (a rewrite of the same size within a second would import the
+        # stale one).
         proc = subprocess.run(
-            [sys.executable, "-E", "-s", rel],
+            [sys.executable, "-E", "-s", "-B", rel],
             cwd=root,
             capture_output=True,
             text=True,
