@@ -1,7 +1,7 @@
 """``python -m bench.recovery``: run the arms, print the table, write the docs table and the raw JSON.
 
-    python -m bench.recovery [--episodes N] [--arms direct,default,...] [--max-steps S]
-                             [--seed K] [--out docs/recovery.md] [--json FILE]
+python -m bench.recovery [--episodes N] [--arms direct,default,...] [--max-steps S]
+                         [--seed K] [--out docs/recovery.md] [--json FILE]
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per arm")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from: " + ", ".join(ARMS))
-    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="agent requests per episode at most")
+    p.add_argument(
+        "--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="agent requests per episode at most"
+    )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="episode i's seed is SEED + i")
     p.add_argument("--out", type=Path, help="a markdown page whose table (between the markers) is replaced")
     p.add_argument("--json", type=Path, help="raw records and figures (default: a file under /tmp)")
@@ -55,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - t0
     print(f"{elapsed:.0f} s in all; logs in {workdir}", file=sys.stderr)
     out_json = args.json or workdir / "recovery.json"
-    meta = {"episodes": args.episodes, "max_steps": args.max_steps, "seed": args.seed, "seconds": round(elapsed)}
+    meta = {
+        "episodes": args.episodes,
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+        "seconds": round(elapsed),
+    }
     payload = {"meta": meta, "summaries": summaries, "figures": figures, "records": records}
     out_json.write_text(json.dumps(payload, indent=1))
     print(f"raw records: {out_json}", file=sys.stderr)

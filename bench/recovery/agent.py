@@ -63,12 +63,18 @@ async def _ask(client: AsyncOpenAI, kwargs: dict[str, Any], stream: bool, step: 
         step.calls = [[c.function.name, c.function.arguments] for c in choice.message.tool_calls or []]
         step.finish = choice.finish_reason or ""
         if resp.usage:
-            step.prompt_tokens, step.completion_tokens = resp.usage.prompt_tokens, resp.usage.completion_tokens
+            step.prompt_tokens, step.completion_tokens = (
+                resp.usage.prompt_tokens,
+                resp.usage.completion_tokens,
+            )
         return
     calls: dict[int, list[str]] = {}
     async for chunk in await client.chat.completions.create(stream=True, **kwargs):
         if chunk.usage:
-            step.prompt_tokens, step.completion_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+            step.prompt_tokens, step.completion_tokens = (
+                chunk.usage.prompt_tokens,
+                chunk.usage.completion_tokens,
+            )
         for choice in chunk.choices:
             step.text += choice.delta.content or ""
             for d in choice.delta.tool_calls or []:

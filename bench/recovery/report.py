@@ -28,7 +28,9 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
     """The arms' summaries (:func:`bench.recovery.metrics.arm_summary`) as a markdown table."""
     head = "| arm | " + " | ".join(h for _, h in COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(COLUMNS)
-    rows = [f"| `{arm}` | " + " | ".join(str(s[k]) for k, _ in COLUMNS) + " |" for arm, s in summaries.items()]
+    rows = [
+        f"| `{arm}` | " + " | ".join(str(s[k]) for k, _ in COLUMNS) + " |" for arm, s in summaries.items()
+    ]
     return "\n".join([head, rule, *rows]) + "\n"
 
 

@@ -101,7 +101,5 @@ def solved(task: Task, root: Path) -> bool:
     exits 0 in ``root``."""
     test = root / "test.py"
     return (
-        test.is_file()
-        and test.read_text() == task.files["test.py"]
-        and run_python(root, "test.py")[0] == 0
+        test.is_file() and test.read_text() == task.files["test.py"] and run_python(root, "test.py")[0] == 0
     )

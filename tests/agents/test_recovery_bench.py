@@ -20,7 +20,7 @@ from bench.recovery.metrics import arm_summary, episode_figures
 from bench.recovery.tasks import TASKS, make_repo, solved
 from bench.recovery.tools import execute
 
-A, B, C, D = "read_file {\"path\":\"a\"}", "run {\"path\":\"t\"}", "list_files {}", "write_file {}"
+A, B, C, D = 'read_file {"path":"a"}', 'run {"path":"t"}', "list_files {}", "write_file {}"
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,12 @@ def test_chat_format_renders_tools_calls_and_results_as_turns() -> None:
 
 @pytest.mark.parametrize(
     ("choice", "names"),
-    [("auto", ["read_file", "answer"]), (None, ["read_file", "answer"]), ("required", ["read_file"]), ("none", [])],
+    [
+        ("auto", ["read_file", "answer"]),
+        (None, ["read_file", "answer"]),
+        ("required", ["read_file"]),
+        ("none", []),
+    ],
 )
 def test_chat_format_offers_the_answer_tool_unless_a_call_is_required(choice: Any, names: list[str]) -> None:
     assert [t["function"]["name"] for t in chat_format.offered([TOOL], choice)] == names
@@ -129,7 +134,9 @@ def _step(seed: int, call: tuple[str, str] | None, result: str = "r", tokens: in
     }
 
 
-def _episode(calls: list[tuple[str, str] | None], shas: list[str], actions: dict[int, list[Any]]) -> dict[str, Any]:
+def _episode(
+    calls: list[tuple[str, str] | None], shas: list[str], actions: dict[int, list[Any]]
+) -> dict[str, Any]:
     return {
         "steps": [_step(k, c) for k, c in enumerate(calls)],
         "upstream": [{"sha": s, "extends": True} for s in shas],
@@ -168,7 +175,10 @@ def test_tools_really_run_in_the_repository(tmp_path: Path) -> None:
     repo = make_repo(task, tmp_path)
     assert execute(repo, "list_files", "{}") == "README.md\ncalc.py\ntest.py"
     assert execute(repo, "read_file", '{"path": "calc.py"}') == task.files["calc.py"]
-    assert execute(repo, "read_file", '{"path": "../x"}') == "error: '../x' is not a file path inside the repository"
+    assert (
+        execute(repo, "read_file", '{"path": "../x"}')
+        == "error: '../x' is not a file path inside the repository"
+    )
     assert execute(repo, "run", '{"path": "test.py"}').startswith("exit code 1\n")
     assert not solved(task, repo)
     fixed = task.files["calc.py"].replace("a - b", "a + b")
@@ -236,7 +246,12 @@ def test_the_figures_of_the_seeded_run(bench_run: dict[str, Any]) -> None:
     direct = {r["episode"]: r for r in bench_run["direct"]}
     for rec in bench_run["direct"]:
         f = episode_figures(rec, rec)
-        assert (f["acted"], f["extra_upstream"], f["prefix_breaks"], f["identical_until"]) == (False, 0, 0, None)
+        assert (f["acted"], f["extra_upstream"], f["prefix_breaks"], f["identical_until"]) == (
+            False,
+            0,
+            0,
+            None,
+        )
         assert f["agent_requests"] == f["upstream_requests"] == len(rec["steps"])
     for rec in bench_run["default"]:
         f = episode_figures(rec, direct[rec["episode"]])
