@@ -49,10 +49,12 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
     to its end), ``acted`` (loopguard acted), ``first_action`` (agent request index), ``rules``
     (``rule/kind`` of the first action's actions), ``stopped`` (some action was a stop),
     ``broken``, ``solved``, ``steps``, ``tokens``, ``agent_requests``, ``upstream_requests``
-    (main and fallback server), ``extra_upstream``, ``prefix_breaks`` (requests whose messages do
-    not extend the previous request's), ``identical_until`` (upstream requests byte-identical to
-    the direct arm's, counted from the first), ``paired`` (identical up to and including the first
-    intervention's request, or up to the end when there was none), ``primed``/``unprimed``
+    (main and fallback server), ``extra_upstream``, ``prefix_breaks`` (requests whose messages
+    do not extend the previous request's), ``seconds`` (the episode's wall time), ``recovery``
+    (the changes of loopguard's ``GET /loop-guard`` "recovery" counters over the episode),
+    ``identical_until`` (upstream requests byte-identical to the direct arm's, counted from the
+    first), ``paired`` (identical before the first intervention's request, or up to the shorter
+    episode's end when there was none), ``primed``/``unprimed``
     (the intervention's step: this arm repeated the quoted call and the direct arm did not / the
     reverse; None when not comparable)."""
     keys, results, steps = _keys(ep), _results(ep), ep["steps"]
@@ -78,6 +80,8 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
         "agent_requests": len(steps),
         "upstream_requests": len(ups) + ep.get("fallback_requests", 0),
         "prefix_breaks": sum(1 for u in ups[1:] if not u["extends"]),
+        "seconds": ep.get("wall_s", 0.0),
+        "recovery": dict(ep.get("recovery") or {}),
     }
     out["extra_upstream"] = out["upstream_requests"] - out["agent_requests"]
     out["identical_until"] = out["paired"] = out["primed"] = out["unprimed"] = None
@@ -99,8 +103,9 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
 
 
 def arm_summary(figures: list[dict[str, Any]]) -> dict[str, Any]:
-    """One arm's row: counts over its episodes, and means of ``loop_steps``/``loop_tokens`` over
-    the looped episodes and of ``steps`` over all (0 when there are none)."""
+    """One arm's row: counts over its episodes, means of ``loop_steps``/``loop_tokens`` over the
+    looped episodes and of ``steps`` over all (0 when there are none), sums of the rest (the
+    ``recovery`` counters key by key)."""
     n = len(figures)
     looped = [f for f in figures if f["looped"]]
 
@@ -110,6 +115,10 @@ def arm_summary(figures: list[dict[str, Any]]) -> dict[str, Any]:
     def mean(rows: list[dict[str, Any]], key: str) -> float:
         return round(sum(f[key] for f in rows) / len(rows), 1) if rows else 0.0
 
+    recovery: dict[str, int] = {}
+    for f in figures:
+        for k, v in f["recovery"].items():
+            recovery[k] = recovery.get(k, 0) + v
     return {
         "episodes": n,
         "looped": len(looped),
@@ -128,4 +137,6 @@ def arm_summary(figures: list[dict[str, Any]]) -> dict[str, Any]:
         "paired": sum(1 for f in figures if f["paired"]),
         "extra_upstream": sum(f["extra_upstream"] for f in figures),
         "prefix_breaks": sum(f["prefix_breaks"] for f in figures),
+        "seconds": round(sum(f["seconds"] for f in figures)),
+        "recovery": recovery,
     }

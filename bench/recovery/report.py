@@ -21,6 +21,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("compared", "pairs compared"),
     ("extra_upstream", "extra upstream requests"),
     ("prefix_breaks", "prefix-cache breaks"),
+    ("seconds", "seconds"),
 ]
 
 
@@ -31,7 +32,18 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
     rows = [
         f"| `{arm}` | " + " | ".join(str(s[k]) for k, _ in COLUMNS) + " |" for arm, s in summaries.items()
     ]
-    return "\n".join([head, rule, *rows]) + "\n"
+    counters = [
+        f"- `{arm}`: " + ", ".join(f"{k} {v}" for k, v in sorted(s["recovery"].items()))
+        for arm, s in summaries.items()
+        if any(s.get("recovery", {}).values())
+    ]
+    tail = [
+        "",
+        "loopguard's `recovery` counters (`GET /loop-guard`), summed over the episodes:",
+        "",
+        *counters,
+    ]
+    return "\n".join([head, rule, *rows, *(tail if counters else [])]) + "\n"
 
 
 #: Markers around the generated table in the docs page; the text around them is kept.

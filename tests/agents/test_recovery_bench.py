@@ -267,3 +267,46 @@ def test_the_figures_of_the_seeded_run(bench_run: dict[str, Any]) -> None:
         (3, ["repeat_reminder/remind"], True),
         (3, ["repeat_reminder/remind"], True),
     ]
+
+
+@pytest.mark.realmodel
+def test_the_chat_format_samples_by_the_requests_seed(tmp_path: Path) -> None:
+    """Same seed and messages: the same generation (the call id hashes the generated text), JSON
+    and streamed alike; other seeds sample other generations."""
+    from openai import OpenAI
+
+    from bench.recovery.llama import MODEL_ALIAS, find_or_fetch_gguf, llama_server
+    from bench.recovery.tools import TOOLS
+
+    if not llama_available(llama_python()):
+        pytest.fail("llama-cpp-python[server] is not installed")
+    task = TASKS[0]
+    messages = [{"role": "user", "content": task.prompt}]
+    with llama_server(
+        find_or_fetch_gguf(),
+        llama_python(),
+        chat_format=chat_format.FORMAT_NAME,
+        log_path=tmp_path / "llama.log",
+    ) as url:
+        client = OpenAI(base_url=url, api_key="none", max_retries=0)
+        kwargs: dict[str, Any] = {
+            "model": MODEL_ALIAS,
+            "messages": messages,
+            "tools": TOOLS,
+            "temperature": 1.0,
+        }
+
+        def call_id(seed: int) -> str:
+            msg = client.chat.completions.create(seed=seed, **kwargs).choices[0].message
+            assert msg.tool_calls is not None and len(msg.tool_calls) == 1
+            return msg.tool_calls[0].id
+
+        def streamed_id(seed: int) -> str:
+            chunks = list(client.chat.completions.create(seed=seed, stream=True, **kwargs))
+            ids = [d.id for c in chunks for ch in c.choices for d in ch.delta.tool_calls or [] if d.id]
+            assert chunks[-1].choices[0].finish_reason == "tool_calls" and chunks[-1].usage is not None
+            return ids[0]
+
+        first = call_id(1)
+        assert call_id(1) == first == streamed_id(1)
+        assert len({first, *(call_id(s) for s in range(2, 6))}) > 1
