@@ -20,7 +20,7 @@ from bench.recovery.report import splice, table
 from bench.recovery.runner import run_all
 
 #: Defaults sized so that every arm finishes in about 25 minutes on 2 shared cores.
-DEFAULT_EPISODES = 12
+DEFAULT_EPISODES = 20
 DEFAULT_MAX_STEPS = 30
 DEFAULT_SEED = 1000
 

@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 from bench.recovery.tools import TOOLS, execute
 
 SYSTEM_PROMPT = (
-    "You are a coding agent working in a small Python repository. Use the tools to look at the "
-    "files, fix the bug, and run test.py to check your fix. When test.py passes, answer with a "
+    "You are a coding agent working in a small Python repository. Read the code, fix the bug "
+    "with write_file, and run test.py to check your fix. When test.py passes, answer with a "
     "short summary."
 )
 #: Sampling temperature of every request (> 0, so the seed decides the sample).

@@ -56,7 +56,8 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
     first), ``paired`` (identical before the first intervention's request, or up to the shorter
     episode's end when there was none), ``primed``/``unprimed``
     (the intervention's step: this arm repeated the quoted call and the direct arm did not / the
-    reverse; None when not comparable)."""
+    reverse; None when not comparable), ``primed_tool`` (likewise by tool name only: arguments
+    drift)."""
     keys, results, steps = _keys(ep), _results(ep), ep["steps"]
     loop = find_loop(keys)
     at = first_action(ep)
@@ -84,7 +85,7 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
         "recovery": dict(ep.get("recovery") or {}),
     }
     out["extra_upstream"] = out["upstream_requests"] - out["agent_requests"]
-    out["identical_until"] = out["paired"] = out["primed"] = out["unprimed"] = None
+    out["identical_until"] = out["paired"] = out["primed"] = out["unprimed"] = out["primed_tool"] = None
     if direct is not None and direct is not ep:
         mine, theirs = [u["sha"] for u in ups], [u["sha"] for u in direct["upstream"]]
         same = 0
@@ -99,6 +100,12 @@ def episode_figures(ep: dict[str, Any], direct: dict[str, Any] | None) -> dict[s
             q = quoted_key(ep, at)
             out["primed"] = keys[at] == q and dkeys[at] != q
             out["unprimed"] = keys[at] != q and dkeys[at] == q
+            tool, mine_tool, direct_tool = (
+                q.split(" ", 1)[0],
+                keys[at].split(" ", 1)[0],
+                dkeys[at].split(" ", 1)[0],
+            )
+            out["primed_tool"] = bool(tool) and mine_tool == tool and direct_tool != tool
     return out
 
 
@@ -133,6 +140,7 @@ def arm_summary(figures: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens": sum(f["tokens"] for f in figures),
         "primed": count("primed"),
         "unprimed": count("unprimed"),
+        "primed_tool": count("primed_tool"),
         "compared": sum(1 for f in figures if f["primed"] is not None),
         "paired": sum(1 for f in figures if f["paired"]),
         "extra_upstream": sum(f["extra_upstream"] for f in figures),

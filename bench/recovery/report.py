@@ -18,6 +18,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("steps", "steps (mean)"),
     ("primed", "primed"),
     ("unprimed", "unprimed"),
+    ("primed_tool", "primed (tool)"),
     ("compared", "pairs compared"),
     ("extra_upstream", "extra upstream requests"),
     ("prefix_breaks", "prefix-cache breaks"),

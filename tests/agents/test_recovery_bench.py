@@ -163,7 +163,8 @@ def test_episode_figures_pair_the_first_intervention_with_the_direct_arm() -> No
         "rules": ["repeat_reminder/remind"],
     }
     assert (f["stopped"], f["broken"], f["identical_until"], f["paired"]) == (True, False, 3, True)
-    assert (f["primed"], f["unprimed"]) == (True, False)  # the direct arm moved on to read_file
+    # the direct arm moved on to read_file
+    assert (f["primed"], f["unprimed"], f["primed_tool"]) == (True, False, True)
     d = episode_figures(direct, direct)
     assert (d["looped"], d["looped_to_cap"], d["primed"], d["acted"]) == (True, False, None, False)
     s = arm_summary([f, d])
