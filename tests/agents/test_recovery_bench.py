@@ -180,7 +180,12 @@ def test_tools_really_run_in_the_repository(tmp_path: Path) -> None:
         execute(repo, "read_file", '{"path": "../x"}')
         == "error: '../x' is not a file path inside the repository"
     )
-    assert execute(repo, "run", '{"path": "test.py"}').startswith("exit code 1\n")
+    assert execute(repo, "run", '{"path": "test.py"}').endswith("\nAssertionError: -1\n")
+    raising = "def add(a, b):\n    raise ValueError(a)\n"
+    execute(repo, "write_file", json.dumps({"path": "calc.py", "content": raising}))
+    failed = execute(repo, "run", '{"path": "test.py"}')
+    # the temporary directory is left out: the same result in every arm's repository
+    assert 'File "calc.py", line 2, in add' in failed and str(repo.resolve()) not in failed
     assert not solved(task, repo)
     fixed = task.files["calc.py"].replace("a - b", "a + b")
     assert execute(repo, "write_file", json.dumps({"path": "calc.py", "content": fixed})) == (
@@ -238,8 +243,7 @@ def test_the_tools_really_ran_in_the_episodes_repositories(bench_run: dict[str, 
         replay = make_repo(task, tmp_path)
         for step in rec["steps"]:
             for (name, arguments), result in zip(step["calls"], step["results"], strict=True):
-                got = execute(replay, name, arguments).replace(str(replay.resolve()), rec["repo"])
-                assert got == result
+                assert execute(replay, name, arguments) == result
 
 
 @pytest.mark.realmodel
