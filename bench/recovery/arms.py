@@ -34,6 +34,18 @@ ARMS: dict[str, dict[str, Any] | None] = {
         }
     },
     "fallback": {"recovery": {"fallback": {"url": FALLBACK_URL}}},
+    # what the model reads and how it samples, together: no quoted call, no repetition in the
+    # context, a second draw before a withheld result is ignored
+    "combined": {
+        "recovery": {
+            "reminders": "plain",
+            "collapse": {"enabled": True},
+            "resample": {
+                "attempts": 2,
+                "params": {"temperature": 1.0, "repeat_penalty": 1.3, "presence_penalty": 0.6},
+            },
+        }
+    },
 }
 
 
