@@ -131,7 +131,8 @@ class Fold:
     """A run of ``count`` identical steps folded into its first: the positions ``start`` through
     ``stop`` (the second step's first through the last step's last result) are left out of the
     upstream's body, and ``text`` (the note) goes after ``after`` (the first step's result) as a
-    reminder would (``delivery``). ``steps``: the run's first and last step indexes."""
+    reminder would (``delivery``). ``steps``: the indexes of the run's first step (the one kept) and
+    its last, counted from 0 over the request's steps."""
 
     after: int
     start: int

@@ -23,6 +23,9 @@ Each run becomes one :class:`proxy.core.actions.Fold`: its second through last s
 out, and the note goes after the first step's result. The note says how many times the call was
 made and that each time it got the same result, the one shown; it never quotes the call's name or
 arguments. When the guards withheld the first step's result, the note does not point at it.
+The guards' reminders and withheld results on the folded steps go with them; the note then says
+how many there were and what they asked (:func:`guidance`), so the model is still told, and a
+stop that cites them is true of what it read.
 
 Pure, and a function of the transcript (and the guards' withholds, themselves a function of it):
 a later request of the conversation folds the same runs at the same positions, so its upstream
@@ -55,6 +58,27 @@ NOTE_WITHHELD = (
     "Note: the tool call above was made {count} times in a row with the same arguments, and each "
     "time it returned the same result. The repeated calls are left out here."
 )
+
+#: Added to the note when guidance of the guards went with the folded steps (their reminders, their
+#: withheld results): the model is still told, without the call quoted, what it was told there,
+#: so a later stop that cites those reminders and withheld results says what the model read.
+GUIDANCE = (
+    " Before this note, loopguard {what}. Do not make this call again: change your approach, or "
+    "answer the user with what you know."
+)
+
+
+def guidance(reminded: int, withheld: int) -> str:
+    """The :data:`GUIDANCE` sentence for ``reminded`` reminders and ``withheld`` withheld results
+    left out with the folded steps; "" when there were none."""
+    what = []
+    if reminded:
+        times = "once" if reminded == 1 else f"{reminded} times"
+        what.append(f"reminded you {times} that this call was not getting anywhere")
+    if withheld:
+        results = "one of its results" if withheld == 1 else f"{withheld} of its results"
+        what.append(f"withheld {results}")
+    return GUIDANCE.format(what=" and ".join(what)) if what else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,23 +142,34 @@ def runs(t: Transcript, min_repeats: int, masks: Masks = DEFAULT_MASKS) -> list[
     return out
 
 
-def folds(t: Transcript, collapse: Collapse, withheld: AbstractSet[int] = frozenset()) -> tuple[Fold, ...]:
+def folds(
+    t: Transcript,
+    collapse: Collapse,
+    withheld: AbstractSet[int] = frozenset(),
+    reminded: AbstractSet[int] = frozenset(),
+) -> tuple[Fold, ...]:
     """One :class:`Fold` per run of ``t`` (:func:`runs`), in order. ``withheld``: the positions of
-    results the guards withhold (the note then does not point at the first step's result). A
-    fold is ``fresh`` when its run ends at the request's newest step."""
-    return tuple(_folds(t, collapse, withheld))
+    results the guards withhold (the note then does not point at the first step's result);
+    ``reminded``: the positions the guards' reminders go after. Those inside a fold go with its
+    steps, and its note then says how many there were (:func:`guidance`). A fold is ``fresh``
+    when its run ends at the request's newest step."""
+    return tuple(_folds(t, collapse, withheld, reminded))
 
 
-def _folds(t: Transcript, collapse: Collapse, withheld: AbstractSet[int]) -> Iterator[Fold]:
+def _folds(
+    t: Transcript, collapse: Collapse, withheld: AbstractSet[int], reminded: AbstractSet[int]
+) -> Iterator[Fold]:
     for run in runs(t, collapse.min_repeats, collapse.masks):
         first, second, last = t.steps[run[0]], t.steps[run[1]], t.steps[run[-1]]
         assert first.end is not None and last.end is not None
         note = NOTE_WITHHELD if first.end in withheld else NOTE
+        gone = range(second.position, last.end + 1)
+        told = guidance(sum(p in gone for p in reminded), sum(p in gone for p in withheld))
         yield Fold(
             after=first.end,
             start=second.position,
             stop=last.end,
-            text=note.format(count=len(run)),
+            text=note.format(count=len(run)) + told,
             rule=RULE,
             tool=t.calls[first.calls[0]].name,
             count=len(run),

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core import collapse as collapsing
-from proxy.core.actions import Action, Withhold, applied, mark_observed
+from proxy.core.actions import Action, Remind, Withhold, applied, mark_observed
 from proxy.core.state import ConversationState
 from proxy.core.transcript import Transcript
 from proxy.dialects import Dialect, openai_chat, openai_responses
@@ -170,8 +170,11 @@ def decide_request(
         return RequestDecision(raw, (), False, key, model, stream, unguarded=NESTING)
     actions = mark_observed(done.actions, observed)
     if collapse is not None and chained is None:
-        withheld = {a.position for a in applied(actions, observed) if isinstance(a, Withhold)}
-        actions += mark_observed(collapsing.folds(history.transcript, collapse, withheld), observed)
+        enforced = applied(actions, observed)
+        withheld = {a.position for a in enforced if isinstance(a, Withhold)}
+        reminded = {a.after for a in enforced if isinstance(a, Remind)}
+        folded = collapsing.folds(history.transcript, collapse, withheld, reminded)
+        actions += mark_observed(folded, observed)
     continued = link.entry if link is not None else None
     written = write(raw, dialect, located, history, applied(actions, observed), continued)
     if prefixes is not None:

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.core.collapse import NOTE
+from proxy.core.collapse import NOTE, guidance
 from tests.helpers import fake_gemini, fake_messages, fake_responses
 from tests.helpers.fakes import FakeUpstream, completion, sse_events
 
@@ -194,6 +194,16 @@ def _history(w: Wire, repeats: int, others: int = 0) -> list[Any]:
     return items
 
 
+#: The default guards' reminders on a run of N identical reads: after the 3rd and the 5th step.
+REMINDED = {3: 1, 4: 1, 5: 2}
+
+
+def _note(repeats: int) -> str:
+    """The note on a run of ``repeats`` under the default guards: the reminders of its folded
+    steps are told in it."""
+    return NOTE.format(count=repeats) + guidance(REMINDED[repeats], 0)
+
+
 def _expected(w: Wire, repeats: int, others: int, note: str | None) -> list[Any]:
     """The history the upstream should get: folded when ``note`` is given."""
     if note is None:
@@ -231,7 +241,7 @@ async def test_a_growing_run_reaches_the_upstream_folded_into_its_first_step_and
         # the agent's answer is the upstream's, byte for byte
         assert answer == fake.answers[k]
         got = upstream.requests[k].body
-        note = NOTE.format(count=repeats) if repeats >= 3 else None
+        note = _note(repeats) if repeats >= 3 else None
         want = w.body(_expected(w, repeats, others, note), stream)
         assert got == orjson.dumps(want), f"request {k}"
         sent.append(got)
@@ -245,7 +255,7 @@ async def test_a_growing_run_reaches_the_upstream_folded_into_its_first_step_and
         assert _common(sent[k], sent[k + 1]) == counted
     # after the run, the folded history is a stable prefix: the next request only appends
     for k in (3, 4):
-        last_item = orjson.dumps(_expected(w, *SEQUENCE[k], NOTE.format(count=5))[-1])
+        last_item = orjson.dumps(_expected(w, *SEQUENCE[k], _note(5))[-1])
         assert sent[k + 1].startswith(sent[k][: sent[k].rindex(last_item) + len(last_item)])
     async with aiohttp.ClientSession() as s, s.get(base + "/loop-guard") as r:
         snap = await r.json()
@@ -285,7 +295,7 @@ async def test_the_note_goes_inside_the_first_result_with_tool_suffix_delivery(
     status, _ = await _post(base, w.path(False), orjson.dumps(w.body(_history(w, 4), False)))
     assert status == 200
     items = w.prompt() + w.step(0, SAME)
-    items[-1] = {**items[-1], "content": f"{SAME[2]}\n\n{NOTE.format(count=4)}"}
+    items[-1] = {**items[-1], "content": f"{SAME[2]}\n\n{_note(4)}"}
     assert upstream.requests[0].body == orjson.dumps(w.body(items, False))
 
 
@@ -319,7 +329,8 @@ async def test_collapse_works_with_every_guard_off(upstream: FakeUpstream, make_
     w = WIRES["chat"]
     status, _ = await _post(base, w.path(False), orjson.dumps(w.body(_history(w, 3), False)))
     assert status == 200
-    want = w.body(_expected(w, 3, 0, NOTE.format(count=3)), False)
+    # the rules still on remind after the 3rd step: the note tells it
+    want = w.body(_expected(w, 3, 0, NOTE.format(count=3) + guidance(1, 0)), False)
     assert upstream.requests[0].body == orjson.dumps(want)
 
 

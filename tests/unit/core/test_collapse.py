@@ -11,7 +11,7 @@ import pytest
 
 from proxy.config import Config, build
 from proxy.core.actions import Fold, Remind, Withhold
-from proxy.core.collapse import NOTE, NOTE_WITHHELD, RULE, Collapse, breaks_prefix, folds, runs
+from proxy.core.collapse import NOTE, NOTE_WITHHELD, RULE, Collapse, breaks_prefix, folds, guidance, runs
 from proxy.core.effects import progress_rules
 from proxy.core.progress import compile_masks
 from proxy.dialects import anthropic_messages, edits, openai_chat, openai_responses
@@ -199,11 +199,17 @@ def _sent(h: History, collapse: Collapse = THREE) -> list[dict[str, Any]]:
     return orjson.loads(decide_request(raw, {}, GUARDS, (), collapse=collapse).body)["messages"]
 
 
-def test_withheld_results_and_reminders_of_folded_steps_vanish_with_them() -> None:
+def test_withheld_results_and_reminders_of_folded_steps_vanish_with_them_and_the_note_tells_them() -> None:
     # 7 repeats: reminders after 3 and 5, the results of 6 (escalation) and 7 (circuit breaker)
-    # withheld; all on folded steps: the upstream sees the first step and the note only
+    # withheld; all on folded steps: the upstream sees the first step and the note only, and the
+    # note says what they told the model (so a later stop that cites them is true)
     h = History().steps([READ] * 7)
-    assert _sent(h) == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=7)}]
+    told = (
+        " Before this note, loopguard reminded you 2 times that this call was not getting anywhere"
+        " and withheld 2 of its results. Do not make this call again: change your approach, or"
+        " answer the user with what you know."
+    )
+    assert _sent(h) == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=7) + told}]
     unfolded = _sent(h, Collapse(8))
     assert sum(m["role"] == "tool" and m["content"] != READ[2] for m in unfolded) == 2  # what vanished
     assert sum(m["role"] == "user" for m in unfolded) == 3
@@ -215,9 +221,39 @@ def test_a_run_whose_first_result_is_withheld_keeps_the_denial_and_does_not_poin
     # reminder on that first step (the chain's 8th call) stays, the note after it
     h = History().steps([READ] * 6).step(READ, text="Reading it once more.").steps([READ] * 3)
     sent = _sent(h)
-    assert sent[:4] == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=6)}]
+    told = (
+        " Before this note, loopguard reminded you 2 times that this call was not getting anywhere"
+        " and withheld one of its results. Do not make this call again: change your approach, or"
+        " answer the user with what you know."
+    )
+    assert sent[:4] == [*h.messages[:3], {"role": "user", "content": NOTE.format(count=6) + told}]
     assert [m.get("tool_call_id") or m["tool_calls"][0]["id"] for m in sent[4:8]] == ["c7", "c7", "c8", "c8"]
     assert sent[7]["content"] != READ[2]  # withheld, and kept
     assert len(sent) == 9 and sent[8]["role"] == "user"
     assert sent[8]["content"].startswith("[loopguard]")
-    assert sent[8]["content"].endswith("\n\n" + NOTE_WITHHELD.format(count=3))
+    # the 9th and 10th reads' results, withheld by the circuit breaker, went with their steps
+    assert sent[8]["content"].endswith("\n\n" + NOTE_WITHHELD.format(count=3) + guidance(0, 2))
+
+
+@pytest.mark.parametrize(
+    ("reminded", "withheld", "text"),
+    [
+        (0, 0, ""),
+        (
+            1,
+            0,
+            " Before this note, loopguard reminded you once that this call was not getting anywhere."
+            " Do not make this call again: change your approach, or answer the user with what you know.",
+        ),
+        (
+            0,
+            3,
+            " Before this note, loopguard withheld 3 of its results."
+            " Do not make this call again: change your approach, or answer the user with what you know.",
+        ),
+    ],
+)
+def test_the_note_tells_the_guidance_that_went_with_the_folded_steps(
+    reminded: int, withheld: int, text: str
+) -> None:
+    assert guidance(reminded, withheld) == text
