@@ -165,12 +165,15 @@ def shown_config(cfg: Config) -> dict[str, object]:
 
 
 def valid_line(path: str, cfg: Config, hint: bool = True) -> str:
-    """What ``check-config`` says of a valid file: what was checked, and the guards it enables
-    with their modes (as the ``listening`` line names them)."""
+    """What ``check-config`` says of a valid file: what was checked, the guards it enables with
+    their modes (as the ``listening`` line names them) and the recovery interventions it turns on
+    (:meth:`proxy.config.RecoveryConfig.active`; none: not said)."""
     modes = ", ".join(f"{name} ({mode})" for name, mode in cfg.modes().items())
+    recovery = cfg.recovery.active()
     return (
         f"loopguard: {path} is valid: every key is known and every value has its type and range "
         f"(templates, patterns and URLs included); unset keys take their defaults. Enabled: {modes}."
+        + (f" Recovery: {', '.join(recovery)}." if recovery else "")
         + (" --print shows the effective config." if hint else "")
     )
 

@@ -105,3 +105,17 @@ class RecoveryConfig:
     """Ask again, with anti-repetition sampling settings."""
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     """Ask a second upstream."""
+
+    def active(self) -> list[str]:
+        """The interventions turned on, for the ``listening`` line and ``check-config``: e.g.
+        ``["reminders: plain", "collapse (min_repeats 3)", "resample (2 attempts)", "fallback"]``;
+        empty with the defaults."""
+        out = [f"reminders: {self.reminders}"] if self.reminders != "quote" else []
+        if self.collapse.enabled:
+            out.append(f"collapse (min_repeats {self.collapse.min_repeats})")
+        if self.resample.attempts:
+            n = self.resample.attempts
+            out.append(f"resample ({n} attempt{'s' if n > 1 else ''})")
+        if self.fallback.url:
+            out.append("fallback")
+        return out

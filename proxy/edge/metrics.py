@@ -117,7 +117,9 @@ class _StatsCollector(Collector):
         )
         recovery.add_metric(["collapse", "folded"], self._stats.collapsed_requests)
         recovery.add_metric(["collapse", "prefix_break"], self._stats.prefix_breaks)
-        for (kind, outcome), n in sorted(self._stats.recovery.items()):
+        # every series from the start, at 0 until it happens (an alert on a missing series misfires)
+        asked = {(k, o): 0 for k in ("resample", "fallback") for o in ("recovered", "repeated", "error")}
+        for (kind, outcome), n in sorted({**asked, **self._stats.recovery}.items()):
             recovery.add_metric([kind, outcome], n)
         yield recovery
         yield CounterMetricFamily(

@@ -226,9 +226,12 @@ async def _ask(
     wire: str,
     cfg: Config,
     keys: frozenset[rs.Key],
+    rule: str,
     timeout: aiohttp.ClientTimeout | None = None,
 ) -> tuple[str, Held | None]:
-    """One extra upstream call: (outcome, the answer when it recovered)."""
+    """One extra upstream call for ``rule`` (``resample``, ``fallback``): (outcome, the answer
+    when it recovered). A failure is logged (warning ``recovery_upstream_error``: the rule, and the
+    status or the error's type; never the URL, which may carry a credential)."""
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     try:
         async with app[SESSION_KEY].request(
@@ -243,6 +246,13 @@ async def _ask(
             app[INFLIGHT_KEY].add(resp)
             try:
                 if not _readable(resp):
+                    log.warning(
+                        "recovery_upstream_error",
+                        rule=rule,
+                        status=resp.status,
+                        content_type=resp.content_type,
+                        content_encoding=resp.headers.get("Content-Encoding"),
+                    )
                     return rs.ERROR, None
                 data = await _read_all(resp)
             finally:
@@ -252,7 +262,7 @@ async def _ask(
     except asyncio.CancelledError:
         raise
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-        log.info("recovery_upstream_error", error=type(exc).__name__)
+        log.warning("recovery_upstream_error", rule=rule, error=type(exc).__name__)
         return rs.ERROR, None
 
 
@@ -277,7 +287,9 @@ async def _resample(
             outcome = rs.ERROR
             break
         made += 1
-        outcome, chosen = await _ask(request.app, request.method, url, headers, new, wire, cfg, keys)
+        outcome, chosen = await _ask(
+            request.app, request.method, url, headers, new, wire, cfg, keys, rs.RESAMPLE_RULE
+        )
         if outcome != rs.REPEATED:
             break
     _count(stats, fields, rs.RESAMPLE_RULE, tool, made, conf.attempts, outcome)
@@ -309,9 +321,11 @@ async def _fallback(
         timeout = aiohttp.ClientTimeout(total=conf.timeout_s)
         try:
             outcome, chosen = await asyncio.wait_for(
-                _ask(request.app, request.method, url, sent, new, wire, cfg, keys, timeout), conf.timeout_s
+                _ask(request.app, request.method, url, sent, new, wire, cfg, keys, rs.FALLBACK_RULE, timeout),
+                conf.timeout_s,
             )
         except asyncio.TimeoutError:
+            log.warning("recovery_upstream_error", rule=rs.FALLBACK_RULE, error="TimeoutError")
             outcome, chosen = rs.ERROR, None
     _count(stats, fields, rs.FALLBACK_RULE, tool, made, 1, outcome)
     return chosen

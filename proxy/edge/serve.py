@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 from collections.abc import Callable
 
@@ -124,10 +125,19 @@ async def serve_forever(
         upstream=redact_url(cfg.upstream.url),
         config=source or "(defaults)",
         guards=cfg.modes(),
+        recovery=cfg.recovery.active() or None,
         capture=cfg.capture.path or None,
         state=redact_url(cfg.state.backend),
         event_loop=loop_name,
     )
+    key_env = cfg.recovery.fallback.api_key_env
+    if cfg.recovery.fallback.url and key_env and not os.environ.get(key_env):
+        log.warning(
+            "recovery_fallback_key_missing",
+            variable=key_env,
+            note="recovery.fallback.api_key_env names a variable that is unset or empty: the fallback "
+            "is not asked (outcome error) until loopguard is started with it set",
+        )
     if not cfg.admin_token:
         log.warning(
             "admin_loopback_only",

@@ -98,6 +98,36 @@ def test_check_config_on_a_valid_file_says_it_is_valid_in_one_line(tmp_path: Pat
     )
 
 
+def test_check_config_names_the_recovery_interventions_a_file_turns_on(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "recovery:\n  reminders: redirect\n  collapse: {enabled: true, min_repeats: 4}\n"
+        "  resample: {attempts: 2}\n  fallback: {url: 'http://127.0.0.1:8081/v1'}\n"
+    )
+    done = cli("check-config", str(good))
+    assert done.returncode == 0
+    assert done.stdout.endswith(
+        ". Recovery: reminders: redirect, collapse (min_repeats 4), resample (2 attempts), fallback."
+        " --print shows the effective config.\n"
+    )
+
+
+def test_the_startup_line_names_recovery_and_warns_of_an_unset_fallback_key(tmp_path: Path) -> None:
+    path = tmp_path / "lg.yaml"
+    path.write_text(
+        "upstream:\n  url: http://127.0.0.1:9/v1\nrecovery:\n  resample: {attempts: 1}\n"
+        "  fallback: {url: 'http://127.0.0.1:8081/v1', api_key_env: LOOPGUARD_TEST_UNSET_KEY}\n"
+    )
+    lines = _startup_lines(["--config", str(path)], 2)
+    first, second = (orjson.loads(x) for x in lines)
+    assert (first["event"], first["recovery"]) == ("listening", ["resample (1 attempt)", "fallback"])
+    assert (second["event"], second["level"], second["variable"]) == (
+        "recovery_fallback_key_missing",
+        "warning",
+        "LOOPGUARD_TEST_UNSET_KEY",
+    )
+
+
 def test_check_config_prints_admin_token_redacted(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("admin_token: s3cret\nmode: observe\n")
@@ -108,18 +138,25 @@ def test_check_config_prints_admin_token_redacted(tmp_path: Path) -> None:
     assert "\nmode: observe\n" in done.stdout
 
 
-def _startup_line(args: list[str], tty: bool = False) -> str:
-    """The first stderr line of ``loopguard serve`` (its startup line), then SIGTERM."""
+def _startup_lines(args: list[str], count: int) -> list[str]:
+    """The first ``count`` stderr lines of ``loopguard serve`` (JSON off a terminal), then SIGTERM."""
     port = free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+    try:
+        assert proc.stderr is not None
+        return [proc.stderr.readline().decode() for _ in range(count)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def _startup_line(args: list[str], tty: bool = False) -> str:
+    """The first stderr line of ``loopguard serve`` (its startup line), then SIGTERM."""
     if not tty:
-        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
-        try:
-            assert proc.stderr is not None
-            return proc.stderr.readline().decode()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        return _startup_lines(args, 1)[0]
+    port = free_port()
+    argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port), *args]
     master, slave = pty.openpty()
     proc = subprocess.Popen(argv, stderr=slave, cwd=ROOT, env=ENV)
     os.close(slave)
@@ -159,7 +196,8 @@ def test_console_format_is_for_people_and_has_no_colour_off_a_terminal(config_fi
     assert "\x1b[" not in line
     pattern = (
         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[info     \] listening +host=127\.0\.0\.1 port=\d+ "
-        r"upstream=http://127\.0\.0\.1:9/v1 config=(?P<config>\S+) guards=(?P<guards>\{.*\}) capture=None "
+        r"upstream=http://127\.0\.0\.1:9/v1 config=(?P<config>\S+) guards=(?P<guards>\{.*\}) "
+        r"recovery=None capture=None "
         r"state=memory event_loop=(?P<loop>'uvloop [\d.]+'|asyncio)"
     )
     m = re.fullmatch(pattern, line.rstrip("\n"))
