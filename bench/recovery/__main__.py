@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="episode i's seed is SEED + i")
     p.add_argument("--out", type=Path, help="a markdown page whose table (between the markers) is replaced")
+    p.add_argument(
+        "--threads", type=int, help="the model servers' CPU threads (default: the cores, at most 4)"
+    )
     p.add_argument("--json", type=Path, help="raw records and figures (default: a file under /tmp)")
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -45,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="loopguard-recovery-"))
     t0 = time.monotonic()
     records = asyncio.run(
-        run_all(arms, episodes=args.episodes, seed=args.seed, max_steps=args.max_steps, workdir=workdir)
+        run_all(
+            arms,
+            episodes=args.episodes,
+            seed=args.seed,
+            max_steps=args.max_steps,
+            workdir=workdir,
+            threads=args.threads,
+        )
     )
     direct = {r["episode"]: r for r in records.get("direct", [])}
     figures = {

@@ -142,14 +142,23 @@ async def run_arm(
 
 
 @contextlib.contextmanager
-def servers(need_fallback: bool, workdir: Path) -> Iterator[tuple[str, str | None]]:
+def servers(
+    need_fallback: bool, workdir: Path, threads: int | None = None
+) -> Iterator[tuple[str, str | None]]:
     """The llama server (and, if ``need_fallback``, a second one with :data:`FALLBACK_SAMPLING`):
-    their base URLs; logs in ``workdir``."""
+    their base URLs; logs in ``workdir``; ``threads`` CPU threads each (None: up to 4)."""
     gguf = find_or_fetch_gguf()
     python = llama_python()
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(
-            llama_server(gguf, python, n_ctx=N_CTX, chat_format=FORMAT_NAME, log_path=workdir / "llama.log")
+            llama_server(
+                gguf,
+                python,
+                n_ctx=N_CTX,
+                n_threads=threads,
+                chat_format=FORMAT_NAME,
+                log_path=workdir / "llama.log",
+            )
         )
         second = None
         if need_fallback:
@@ -158,6 +167,7 @@ def servers(need_fallback: bool, workdir: Path) -> Iterator[tuple[str, str | Non
                     gguf,
                     python,
                     n_ctx=N_CTX,
+                    n_threads=threads,
                     chat_format=FORMAT_NAME,
                     sampling=FALLBACK_SAMPLING,
                     log_path=workdir / "llama-fallback.log",
@@ -174,16 +184,18 @@ async def run_all(
     max_steps: int,
     workdir: Path,
     keep_repos: bool = False,
+    threads: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run ``arms`` (names in :data:`ARMS`; ``direct`` first when chosen) in ``workdir``; the raw
-    records per arm (repositories kept in ``workdir`` if ``keep_repos``)."""
+    records per arm (repositories kept in ``workdir`` if ``keep_repos``; ``threads``: the model
+    servers' CPU threads)."""
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     need_fallback = any(uses_fallback(ARMS[a]) for a in arms)
     out: dict[str, list[dict[str, Any]]] = {}
-    with servers(need_fallback, workdir) as (main_url, second_url):
+    with servers(need_fallback, workdir, threads) as (main_url, second_url):
         relay = Relay(main_url)
         await relay.start()
         fallback = Relay(second_url) if second_url else None
