@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -205,11 +206,12 @@ async def recover(
         return Held(upstream, data)
     chosen = None
     rec = cfg.recovery
+    asking = _Asking(request, url, headers, body, wire, cfg, keys, tool, stats, fields)
     try:
         if rec.resample.attempts:
-            chosen = await _resample(request, url, headers, body, wire, cfg, keys, tool, stats, fields)
+            chosen = await _resample(asking)
         if chosen is None and rec.fallback.url:
-            chosen = await _fallback(request, headers, body, wire, cfg, keys, tool, stats, fields)
+            chosen = await _fallback(asking)
     except Exception as exc:  # fail open: the original answer, decided as without recovery
         stats.internal_errors += 1
         log.error("recovery_error", error=type(exc).__name__, where="ask")
@@ -217,25 +219,40 @@ async def recover(
     return chosen if chosen is not None else Held(upstream, data)
 
 
+@dataclass(frozen=True, slots=True)
+class _Asking:
+    """What asking again needs of the request: the request itself, its ``url``, ``headers`` and
+    ``body`` as sent upstream, its answer ``wire``, the config, the withheld ``keys`` and the
+    repeated call's ``tool``; ``stats`` and the log line's ``fields`` to count it in."""
+
+    request: web.Request
+    url: str
+    headers: CIMultiDict[str]
+    body: bytes
+    wire: str
+    cfg: Config
+    keys: frozenset[rs.Key]
+    tool: str
+    stats: Stats
+    fields: dict[str, Any]
+
+
 async def _ask(
-    app: web.Application,
-    method: str,
+    asking: _Asking,
     url: str,
     headers: CIMultiDict[str],
     body: bytes,
-    wire: str,
-    cfg: Config,
-    keys: frozenset[rs.Key],
     rule: str,
     timeout: aiohttp.ClientTimeout | None = None,
 ) -> tuple[str, Held | None]:
     """One extra upstream call for ``rule`` (``resample``, ``fallback``): (outcome, the answer
     when it recovered). A failure is logged (warning ``recovery_upstream_error``: the rule, and the
     status or the error's type; never the URL, which may carry a credential)."""
+    app, wire, cfg, keys = asking.request.app, asking.wire, asking.cfg, asking.keys
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     try:
         async with app[SESSION_KEY].request(
-            method,
+            asking.request.method,
             URL(url, encoded=True),
             headers=headers,
             data=body,
@@ -266,51 +283,29 @@ async def _ask(
         return rs.ERROR, None
 
 
-async def _resample(
-    request: web.Request,
-    url: str,
-    headers: CIMultiDict[str],
-    body: bytes,
-    wire: str,
-    cfg: Config,
-    keys: frozenset[rs.Key],
-    tool: str,
-    stats: Stats,
-    fields: dict[str, Any],
-) -> Held | None:
-    conf = cfg.recovery.resample
+async def _resample(asking: _Asking) -> Held | None:
+    conf = asking.cfg.recovery.resample
     outcome, chosen, made = rs.REPEATED, None, 0
     for attempt in range(1, conf.attempts + 1):
-        seed = rs.seed_for(body, attempt) if conf.new_seed else None
-        new = rs.resample_body(wire, body, conf.params, seed)
+        seed = rs.seed_for(asking.body, attempt) if conf.new_seed else None
+        new = rs.resample_body(asking.wire, asking.body, conf.params, seed)
         if new is None:
             outcome = rs.ERROR
             break
         made += 1
-        outcome, chosen = await _ask(
-            request.app, request.method, url, headers, new, wire, cfg, keys, rs.RESAMPLE_RULE
-        )
+        outcome, chosen = await _ask(asking, asking.url, asking.headers, new, rs.RESAMPLE_RULE)
         if outcome != rs.REPEATED:
             break
-    _count(stats, fields, rs.RESAMPLE_RULE, tool, made, conf.attempts, outcome)
+    _count(asking, rs.RESAMPLE_RULE, made, conf.attempts, outcome)
     return chosen
 
 
-async def _fallback(
-    request: web.Request,
-    headers: CIMultiDict[str],
-    body: bytes,
-    wire: str,
-    cfg: Config,
-    keys: frozenset[rs.Key],
-    tool: str,
-    stats: Stats,
-    fields: dict[str, Any],
-) -> Held | None:
-    conf = cfg.recovery.fallback
+async def _fallback(asking: _Asking) -> Held | None:
+    conf = asking.cfg.recovery.fallback
+    request, wire = asking.request, asking.wire
     outcome, chosen, made = rs.ERROR, None, 0
-    sent = _fallback_headers(request, headers, wire, conf.api_key_env)
-    new = rs.fallback_body(wire, body, conf.model)
+    sent = _fallback_headers(request, asking.headers, wire, conf.api_key_env)
+    new = rs.fallback_body(wire, asking.body, conf.model)
     if sent is not None and new is not None:
         base, auth = forward.split_credentials(conf.url)
         if auth and "Authorization" not in sent:
@@ -321,13 +316,13 @@ async def _fallback(
         timeout = aiohttp.ClientTimeout(total=conf.timeout_s)
         try:
             outcome, chosen = await asyncio.wait_for(
-                _ask(request.app, request.method, url, sent, new, wire, cfg, keys, rs.FALLBACK_RULE, timeout),
+                _ask(asking, url, sent, new, rs.FALLBACK_RULE, timeout),
                 conf.timeout_s,
             )
         except asyncio.TimeoutError:
             log.warning("recovery_upstream_error", rule=rs.FALLBACK_RULE, error="TimeoutError")
             outcome, chosen = rs.ERROR, None
-    _count(stats, fields, rs.FALLBACK_RULE, tool, made, 1, outcome)
+    _count(asking, rs.FALLBACK_RULE, made, 1, outcome)
     return chosen
 
 
@@ -353,12 +348,10 @@ def _fallback_headers(
     return sent
 
 
-def _count(
-    stats: Stats, fields: dict[str, Any], rule: str, tool: str, made: int, limit: int, outcome: str
-) -> None:
+def _count(asking: _Asking, rule: str, made: int, limit: int, outcome: str) -> None:
     """Count one intervention and log it as an action in the request's line."""
     with contextlib.suppress(Exception):
-        stats.record_recovery(rule, outcome, made)
-        action = Recover(rule=rule, tool=tool, count=made, limit=limit, reason=outcome)
-        stats.record_actions([action])
-        fields.setdefault("actions", []).append(action_summary(action))
+        asking.stats.record_recovery(rule, outcome, made)
+        action = Recover(rule=rule, tool=asking.tool, count=made, limit=limit, reason=outcome)
+        asking.stats.record_actions([action])
+        asking.fields.setdefault("actions", []).append(action_summary(action))
